@@ -1,0 +1,1 @@
+//! NBD wire protocol.
