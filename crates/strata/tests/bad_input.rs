@@ -1,0 +1,365 @@
+//! Test 7: bad input. The CLI rejects what it cannot do with a non-zero exit
+//! and a one-line error (no panic, no backtrace); the server rejects bad
+//! requests (unknown export, garbage bytes, out-of-range I/O) and keeps
+//! serving. Also checks the admin commands' happy path (create, list, info,
+//! delete, sizes) since the error cases are defined relative to it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+fn assert_one_line_error(out: &Output, what: &str) -> String {
+    let err = stderr_str(out);
+    assert!(
+        !out.status.success(),
+        "{what}: expected a failure, got success\nstdout: {}\nstderr: {err}",
+        stdout_str(out)
+    );
+    assert_ne!(
+        out.status.code(),
+        Some(101),
+        "{what}: exit code 101 means a Rust panic:\n{err}"
+    );
+    let msg = err.trim();
+    assert!(!msg.is_empty(), "{what}: failed without an error message");
+    assert!(
+        !msg.contains("panicked") && !msg.contains("RUST_BACKTRACE"),
+        "{what}: panicked instead of reporting an error:\n{msg}"
+    );
+    assert_eq!(
+        msg.lines().count(),
+        1,
+        "{what}: the error is not one line:\n{msg}"
+    );
+    eprintln!("{what}: {msg}");
+    msg.to_string()
+}
+
+fn ok(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        stdout_str(out),
+        stderr_str(out)
+    );
+    stdout_str(out)
+}
+
+fn json(out: &Output, what: &str) -> serde_json::Value {
+    let s = ok(out, what);
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {s}"))
+}
+
+#[test]
+fn cli_volume_admin_and_its_errors() {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = tmp.path().join("store");
+    let data = tmp.path().join("data");
+    let cli = |args: &[&str]| strata_cli(&store, &data, args);
+
+    // Happy path, with every documented size syntax.
+    let sizes = [
+        ("ten", "10GiB", 10 * GIB),
+        ("half", "512M", 512 * MIB),
+        ("tera", "1T", 1024 * GIB),
+        ("tiny", "4096", 4096),
+    ];
+    for (name, size, _) in sizes {
+        ok(
+            &cli(&["volume", "create", name, "--size", size]),
+            &format!("create {name} {size}"),
+        );
+    }
+    let list = json(&cli(&["volume", "list", "--json"]), "volume list --json");
+    let list = list.as_array().expect("volume list --json is an array");
+    let mut uuids = Vec::new();
+    for (name, size, bytes) in sizes {
+        let entry = list
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing from volume list: {list:?}"));
+        assert_eq!(
+            entry["size_bytes"].as_u64(),
+            Some(bytes),
+            "{name} ({size}) in list: {entry}"
+        );
+        let info = json(
+            &cli(&["volume", "info", name, "--json"]),
+            "volume info --json",
+        );
+        assert_eq!(info["name"], name, "{info}");
+        assert_eq!(
+            info["size_bytes"].as_u64(),
+            Some(bytes),
+            "{name} ({size}): {info}"
+        );
+        let uuid = info["uuid"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no uuid: {info}"));
+        assert!(uuid.len() >= 32, "uuid {uuid:?}");
+        uuids.push(uuid.to_string());
+    }
+    uuids.sort();
+    uuids.dedup();
+    assert_eq!(uuids.len(), sizes.len(), "volume uuids are not unique");
+    // Human-readable list mentions every volume.
+    let human = ok(&cli(&["volume", "list"]), "volume list");
+    for (name, _, _) in sizes {
+        assert!(
+            human.contains(name),
+            "{name} not in `volume list`:\n{human}"
+        );
+    }
+
+    // Errors.
+    let e = assert_one_line_error(
+        &cli(&["volume", "create", "ten", "--size", "1GiB"]),
+        "create of an existing volume",
+    );
+    assert!(e.contains("ten"), "error does not name the volume: {e}");
+    for bad in ["12XB", "abc", "", "-5", "1.5.5G", "99999999999999999999"] {
+        assert_one_line_error(
+            &cli(&["volume", "create", "badsize", "--size", bad]),
+            &format!("create with size {bad:?}"),
+        );
+    }
+    let e = assert_one_line_error(
+        &cli(&["volume", "info", "missing"]),
+        "info of a missing volume",
+    );
+    assert!(e.contains("missing"), "error does not name the volume: {e}");
+    // The failed creates left nothing behind, the existing volume is intact.
+    assert_one_line_error(
+        &cli(&["volume", "info", "badsize"]),
+        "info after failed create",
+    );
+    let info = json(&cli(&["volume", "info", "ten", "--json"]), "info ten");
+    assert_eq!(info["size_bytes"].as_u64(), Some(10 * GIB));
+
+    // Delete.
+    ok(&cli(&["volume", "delete", "tiny"]), "delete tiny");
+    assert_one_line_error(
+        &cli(&["volume", "info", "tiny"]),
+        "info of a deleted volume",
+    );
+    let list = json(&cli(&["volume", "list", "--json"]), "list after delete");
+    assert!(
+        !list.as_array().unwrap().iter().any(|v| v["name"] == "tiny"),
+        "deleted volume still listed: {list}"
+    );
+    assert_one_line_error(
+        &cli(&["volume", "delete", "tiny"]),
+        "delete of a missing volume",
+    );
+
+    // --store and --data-dir from the environment.
+    let out = run_timeout(
+        Command::new(strata_bin())
+            .env("STRATA_STORE", &store)
+            .env("STRATA_DATA_DIR", &data)
+            .args(["volume", "info", "half", "--json"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        json(&out, "info via env")["size_bytes"].as_u64(),
+        Some(512 * MIB)
+    );
+}
+
+fn unusable_stores(tmp: &Path) -> Vec<(String, String)> {
+    let file = tmp.join("not-a-dir");
+    std::fs::write(&file, b"I am a file").unwrap();
+    vec![
+        (file.display().to_string(), "a regular file".into()),
+        (
+            format!("file://{}", file.display()),
+            "file:// URL of a regular file".into(),
+        ),
+        (
+            tmp.join("not-a-dir/below").display().to_string(),
+            "a path below a regular file".into(),
+        ),
+        (
+            "nosuchscheme://bucket/prefix".into(),
+            "an unsupported URL scheme".into(),
+        ),
+    ]
+}
+
+#[test]
+fn unusable_store_is_a_one_line_error() {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let data = tmp.path().join("data");
+    for (store, what) in unusable_stores(tmp.path()) {
+        let s = Path::new(&store);
+        assert_one_line_error(
+            &strata_cli(s, &data, &["volume", "list"]),
+            &format!("list, store is {what}"),
+        );
+        assert_one_line_error(
+            &strata_cli(s, &data, &["volume", "create", "v", "--size", "1GiB"]),
+            &format!("create, store is {what}"),
+        );
+        // serve must fail too (without printing `ready`), not hang.
+        let sock = tmp.path().join("never.sock");
+        let out = strata_cli(
+            s,
+            &data,
+            &[
+                "serve",
+                "--listen",
+                &format!("unix:{}", sock.display()),
+                "--create",
+                "v=1GiB",
+            ],
+        );
+        assert_one_line_error(&out, &format!("serve, store is {what}"));
+        assert!(
+            !stdout_str(&out).lines().any(|l| l.trim() == "ready"),
+            "serve printed ready with a bad store"
+        );
+    }
+}
+
+/// libnbd with strict mode off, so requests the client library would refuse
+/// reach the server.
+const PY_OUT_OF_RANGE: &str = r#"
+import nbd, sys
+h = nbd.NBD()
+h.set_strict_mode(0)
+h.connect_uri(sys.argv[1])
+size = h.get_size()
+def attempt(name, f):
+    try:
+        f()
+        print(name, "ACCEPTED")
+    except nbd.Error as e:
+        print(name, "REJECTED", e.errno)
+attempt("read-past-end", lambda: h.pread(4096, size))
+attempt("read-across-end", lambda: h.pread(8192, size - 4096))
+attempt("write-past-end", lambda: h.pwrite(b"x" * 4096, size))
+attempt("write-across-end", lambda: h.pwrite(b"x" * 8192, size - 4096))
+attempt("zero-past-end", lambda: h.zero(4096, size))
+attempt("trim-past-end", lambda: h.trim(4096, size + 4096))
+h.pwrite(b"\xab" * 4096, size - 4096)
+assert h.pread(4096, size - 4096) == b"\xab" * 4096
+print("connection still works")
+h.shutdown()
+"#;
+
+#[test]
+fn server_rejects_bad_requests_and_keeps_serving() {
+    let _serial = serial();
+    require_tools(&["nbdinfo", "qemu-io"]);
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut server = Server::start(
+        tmp.path(),
+        Target::strata(),
+        &[("vol", 256 * MIB), ("other", 64 * MIB)],
+    );
+
+    // Unknown export: a clear failure on the client, nothing else affected.
+    let out = run_timeout(
+        Command::new("nbdinfo").arg(server.uri("nosuchvolume")),
+        Duration::from_secs(60),
+    );
+    assert!(
+        !out.status.success(),
+        "nbdinfo of an unknown export succeeded: {}",
+        stdout_str(&out)
+    );
+    let err = stderr_str(&out);
+    eprintln!("nbdinfo unknown export: {}", err.trim());
+    assert!(!err.trim().is_empty());
+    server.assert_alive();
+    assert_eq!(
+        nbdinfo_json(&server.uri("other"))["export-size"].as_u64(),
+        Some(64 * MIB)
+    );
+
+    // Garbage and rude clients.
+    for garbage in [
+        &b""[..],
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        &[0xffu8; 4096][..],
+        b"IHAVEOPT\x00\x00\x00\x00",
+    ] {
+        let mut s = UnixStream::connect(&server.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).expect("server greeting");
+        assert_eq!(&hello[..8], b"NBDMAGIC", "not an NBD greeting");
+        let _ = s.write_all(garbage);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        // The server may answer or hang up, but must not crash.
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    }
+    server.assert_alive();
+
+    // Out-of-range requests fail with an error and the connection survives.
+    let out = run_ok(
+        Command::new(python_with_nbd())
+            .args(["-c", PY_OUT_OF_RANGE])
+            .arg(server.uri("other")),
+        Duration::from_secs(60),
+    );
+    let so = stdout_str(&out);
+    eprintln!("{so}");
+    for req in [
+        "read-past-end",
+        "read-across-end",
+        "write-past-end",
+        "write-across-end",
+        "zero-past-end",
+        "trim-past-end",
+    ] {
+        assert!(
+            so.lines()
+                .any(|l| l.starts_with(&format!("{req} REJECTED"))),
+            "{req} was not rejected:\n{so}"
+        );
+    }
+    assert!(so.contains("connection still works"), "{so}");
+
+    // Admin errors against the store while the server is running.
+    let cli = |args: &[&str]| strata_cli(&server.store_dir(), &server.data_dir(), args);
+    assert_one_line_error(
+        &cli(&["volume", "create", "vol", "--size", "1GiB"]),
+        "create existing (served)",
+    );
+    assert_one_line_error(&cli(&["volume", "info", "nope"]), "info missing (served)");
+    let info = json(
+        &cli(&["volume", "info", "vol", "--json"]),
+        "info vol (served)",
+    );
+    assert_eq!(info["size_bytes"].as_u64(), Some(256 * MIB));
+
+    // Still serving: data goes in and comes back.
+    server.assert_alive();
+    let out = run_ok(
+        Command::new("qemu-io")
+            .args(["-f", "raw"])
+            .arg(server.uri("vol"))
+            .args([
+                "-c",
+                "write -P 0x5e 12345 6789",
+                "-c",
+                "read -P 0x5e 12345 6789",
+            ]),
+        Duration::from_secs(60),
+    );
+    assert!(!stdout_str(&out).contains("fail"), "{}", stdout_str(&out));
+    assert_eq!(
+        nbdinfo_json(&server.uri("vol"))["export-size"].as_u64(),
+        Some(256 * MIB)
+    );
+    server.stop();
+}

@@ -1,0 +1,980 @@
+//! Shared harness for strata's end-to-end tests.
+//!
+//! Every test runs real NBD clients (nbdinfo, qemu-io, qemu-img, nbdcopy, fio,
+//! nbdfuse + loop + ext4, libnbd's Python binding) against a server started by
+//! [`Server::start`]. The server under test is `strata serve`; the same tests
+//! can be pointed at a peer (`nbdkit memory` / `nbdkit file`) by setting
+//! `STRATA_E2E_PEER=1`, which is how the plumbing of each test is validated
+//! independently of strata.
+//!
+//! Everything a test starts is owned by a guard that stops it on drop, also
+//! when the test panics: [`Server`] (kill -9 + wait), [`BgProcess`],
+//! [`FuseFile`] (fusermount3 -u), [`LoopDev`] (losetup -d), [`Mount`]
+//! (umount). Servers only bind unix sockets inside the test's temp dir.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+pub const GIB: u64 = 1024 * MIB;
+
+/// How long a server gets to print `ready` (or accept connections).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a clean shutdown (SIGTERM) may take.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The e2e tests are I/O and CPU heavy and the CI machine has 2 cores: tests
+/// in one test binary take this lock so they never run concurrently (cargo
+/// already runs test binaries one after another). Poisoning is ignored: a
+/// failed test must not fail the next one.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Path of the strata binary built by cargo for this test run.
+pub fn strata_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_strata")
+}
+
+/// Panics with a clear message if a client tool is missing.
+pub fn require_tools(tools: &[&str]) {
+    for tool in tools {
+        let found = std::env::var_os("PATH")
+            .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+            .unwrap_or(false)
+            || Path::new("/usr/sbin").join(tool).is_file()
+            || Path::new("/sbin").join(tool).is_file();
+        assert!(
+            found,
+            "required tool `{tool}` not found in PATH; run scripts/install-test-deps"
+        );
+    }
+}
+
+/// Formats a size the way a user would type it on the command line.
+pub fn size_arg(bytes: u64) -> String {
+    if bytes >= GIB && bytes.trailing_zeros() >= 30 {
+        format!("{}GiB", bytes / GIB)
+    } else if bytes >= MIB && bytes.trailing_zeros() >= 20 {
+        format!("{}MiB", bytes / MIB)
+    } else {
+        bytes.to_string()
+    }
+}
+
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe; it only sets a flag on the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+fn spawn_collector<R: Read + Send + 'static>(mut r: R, buf: Arc<Mutex<Vec<u8>>>) {
+    thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        loop {
+            match r.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+}
+
+fn text(buf: &Arc<Mutex<Vec<u8>>>) -> String {
+    String::from_utf8_lossy(&buf.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+}
+
+fn tail(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        s
+    } else {
+        let mut start = s.len() - max;
+        while !s.is_char_boundary(start) {
+            start += 1;
+        }
+        &s[start..]
+    }
+}
+
+/// Runs a command to completion with a timeout (the child is killed and the
+/// test fails if it takes longer). stdin is /dev/null.
+pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    die_with_parent(cmd);
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot spawn {desc}: {e}"));
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let err = Arc::new(Mutex::new(Vec::new()));
+    let so = child.stdout.take().expect("stdout piped");
+    let se = child.stderr.take().expect("stderr piped");
+    let (o2, e2) = (out.clone(), err.clone());
+    let t1 = thread::spawn(move || {
+        let mut r = so;
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        o2.lock().unwrap_or_else(|e| e.into_inner()).extend(v);
+    });
+    let t2 = thread::spawn(move || {
+        let mut r = se;
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        e2.lock().unwrap_or_else(|e| e.into_inner()).extend(v);
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = t1.join();
+            let _ = t2.join();
+            panic!(
+                "{desc} timed out after {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                tail(&text(&out), 4000),
+                tail(&text(&err), 4000)
+            );
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let _ = t1.join();
+    let _ = t2.join();
+    let stdout = std::mem::take(&mut *out.lock().unwrap_or_else(|e| e.into_inner()));
+    let stderr = std::mem::take(&mut *err.lock().unwrap_or_else(|e| e.into_inner()));
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs a command and asserts that it exits 0; returns its output.
+pub fn run_ok(cmd: &mut Command, timeout: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let out = run_timeout(cmd, timeout);
+    assert!(
+        out.status.success(),
+        "{desc} failed with {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        tail(&String::from_utf8_lossy(&out.stdout), 6000),
+        tail(&String::from_utf8_lossy(&out.stderr), 6000)
+    );
+    out
+}
+
+pub fn stdout_str(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr_str(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The NBD URI of `export` on a unix socket.
+pub fn nbd_uri(socket: &Path, export: &str) -> String {
+    format!("nbd+unix:///{export}?socket={}", socket.display())
+}
+
+/// A Python 3 interpreter that has libnbd's binding (`import nbd`). Debian's
+/// python3-libnbd installs into the system interpreter, which is not
+/// necessarily the first `python3` in PATH (pyenv etc.).
+pub fn python_with_nbd() -> &'static str {
+    static PY: OnceLock<String> = OnceLock::new();
+    PY.get_or_init(|| {
+        for cand in ["/usr/bin/python3", "python3"] {
+            let ok = Command::new(cand)
+                .args(["-c", "import nbd"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return cand.to_string();
+            }
+        }
+        panic!("no python3 with libnbd's binding (module `nbd`); run scripts/install-test-deps")
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Servers
+// ---------------------------------------------------------------------------
+
+/// What serves the export(s).
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// `strata serve` with its own store and data dir in the test's temp dir.
+    /// `extra` are appended to `strata serve` (e.g. `--write-buffer 64MiB`).
+    Strata { extra: Vec<String> },
+    /// `nbdkit memory SIZE`: RAM, lost on restart. Any export name works.
+    NbdkitMemory,
+    /// `nbdkit file DIR/peer.img`: survives restart and kill -9 (page cache).
+    NbdkitFile,
+}
+
+impl Target {
+    pub fn strata() -> Target {
+        Target::Strata { extra: Vec::new() }
+    }
+
+    pub fn strata_with(extra: &[&str]) -> Target {
+        Target::Strata {
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// The target of a test: strata, unless `STRATA_E2E_PEER=1` asks for the
+    /// given peer (used to validate a test's plumbing without strata).
+    pub fn under_test(strata: Target, peer: Target) -> Target {
+        match std::env::var("STRATA_E2E_PEER").as_deref() {
+            Ok("1") | Ok("true") => peer,
+            _ => strata,
+        }
+    }
+
+    pub fn is_strata(&self) -> bool {
+        matches!(self, Target::Strata { .. })
+    }
+}
+
+/// A running NBD server. Dropping it kills it (SIGKILL) and reaps it.
+pub struct Server {
+    pub target: Target,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    /// (name, size in bytes) of the volumes to serve / create.
+    pub volumes: Vec<(String, u64)>,
+    child: Option<Child>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    /// stdout lines printed before `ready` on the last start.
+    pub banner: Vec<String>,
+    starts: u32,
+    stderr_shown: bool,
+}
+
+impl Server {
+    /// Starts a server in `dir` (store, data dir and socket live there) and
+    /// waits until it is ready. For strata the volumes are created with
+    /// `--create NAME=SIZE`; for nbdkit the first volume's size is used.
+    pub fn start(dir: &Path, target: Target, volumes: &[(&str, u64)]) -> Server {
+        let mut s = Server {
+            target,
+            dir: dir.to_path_buf(),
+            socket: dir.join("nbd.sock"),
+            volumes: volumes.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
+            child: None,
+            stderr: Arc::new(Mutex::new(Vec::new())),
+            banner: Vec::new(),
+            starts: 0,
+            stderr_shown: false,
+        };
+        s.launch();
+        s
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.join("store")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        nbd_uri(&self.socket, export)
+    }
+
+    /// URI of the first volume.
+    pub fn vol_uri(&self) -> String {
+        self.uri(&self.volumes[0].0)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
+    /// Everything the server wrote on stderr so far (all starts).
+    pub fn stderr(&self) -> String {
+        text(&self.stderr)
+    }
+
+    fn launch(&mut self) {
+        self.starts += 1;
+        let mut cmd = match &self.target {
+            Target::Strata { extra } => {
+                let mut c = Command::new(strata_bin());
+                c.env_remove("STRATA_STORE")
+                    .env_remove("STRATA_DATA_DIR")
+                    .env("RUST_BACKTRACE", "1")
+                    .arg("--store")
+                    .arg(self.store_dir())
+                    .arg("--data-dir")
+                    .arg(self.data_dir())
+                    .arg("serve")
+                    .arg("--listen")
+                    .arg(format!("unix:{}", self.socket.display()));
+                for (name, size) in &self.volumes {
+                    c.arg("--create").arg(format!("{name}={}", size_arg(*size)));
+                }
+                c.args(extra);
+                c
+            }
+            Target::NbdkitMemory | Target::NbdkitFile => {
+                // nbdkit refuses to start on a leftover socket.
+                let _ = std::fs::remove_file(&self.socket);
+                let size = self.volumes[0].1;
+                let mut c = Command::new("nbdkit");
+                c.arg("--foreground")
+                    .arg("--exit-with-parent")
+                    .arg("--unix")
+                    .arg(&self.socket)
+                    // Advertise block sizes like strata does.
+                    .arg("--filter=blocksize-policy");
+                if matches!(self.target, Target::NbdkitMemory) {
+                    c.arg("memory").arg(size.to_string());
+                } else {
+                    let img = self.dir.join("peer.img");
+                    if !img.exists() {
+                        let f = std::fs::File::create(&img).expect("create peer.img");
+                        f.set_len(size).expect("size peer.img");
+                    }
+                    c.arg("file").arg(&img);
+                }
+                c.args([
+                    "blocksize-minimum=1",
+                    "blocksize-preferred=4096",
+                    "blocksize-maximum=33554432",
+                ]);
+                c
+            }
+        };
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        die_with_parent(&mut cmd);
+        let desc = format!("{cmd:?}");
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {desc}: {e}"));
+        {
+            let mut e = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+            e.extend_from_slice(format!("=== start #{}: {desc}\n", self.starts).as_bytes());
+        }
+        spawn_collector(
+            child.stderr.take().expect("stderr piped"),
+            self.stderr.clone(),
+        );
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, rx) = mpsc::channel::<String>();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    // Keep draining so the server never blocks on stdout.
+                    continue;
+                }
+            }
+        });
+        self.child = Some(child);
+        let t0 = Instant::now();
+        self.banner.clear();
+        if self.target.is_strata() {
+            loop {
+                let left = READY_TIMEOUT.saturating_sub(t0.elapsed());
+                match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+                    Ok(line) if line.trim() == "ready" => break,
+                    Ok(line) => self.banner.push(line),
+                    Err(mpsc::RecvTimeoutError::Timeout) => self.fail_start(&format!(
+                        "no `ready` line on stdout within {READY_TIMEOUT:?}"
+                    )),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        // stdout closed: the server exited.
+                        let st = self.wait_exit(Duration::from_secs(5));
+                        self.fail_start(&format!(
+                            "server closed stdout before printing `ready` (exit: {st:?})"
+                        ));
+                    }
+                }
+            }
+            // Keep draining stdout in the background (the channel's receiver
+            // is dropped; the reader thread ignores send errors).
+            drop(rx);
+        } else {
+            loop {
+                if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                    break;
+                }
+                if let Some(st) = self
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten())
+                {
+                    self.fail_start(&format!("server exited during startup: {st}"));
+                }
+                if t0.elapsed() > READY_TIMEOUT {
+                    self.fail_start("socket never accepted connections");
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        eprintln!(
+            "[harness] {} ready in {:.2?} (start #{})",
+            self.kind(),
+            t0.elapsed(),
+            self.starts
+        );
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.target {
+            Target::Strata { .. } => "strata",
+            Target::NbdkitMemory => "nbdkit-memory",
+            Target::NbdkitFile => "nbdkit-file",
+        }
+    }
+
+    fn fail_start(&mut self, why: &str) -> ! {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        thread::sleep(Duration::from_millis(100)); // let the collector finish
+        self.stderr_shown = true;
+        panic!(
+            "{} failed to start: {why}\n--- server stderr ---\n{}",
+            self.kind(),
+            tail(&self.stderr(), 8000)
+        );
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.child = None;
+                return Some(st);
+            }
+            if t0.elapsed() > timeout {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Asserts the server process is still alive.
+    pub fn assert_alive(&mut self) {
+        let child = self.child.as_mut().expect("server was stopped");
+        if let Ok(Some(st)) = child.try_wait() {
+            self.child = None;
+            thread::sleep(Duration::from_millis(100));
+            self.stderr_shown = true;
+            panic!(
+                "server exited unexpectedly ({st})\n--- server stderr ---\n{}",
+                tail(&self.stderr(), 8000)
+            );
+        }
+    }
+
+    /// Crash: SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Clean shutdown: SIGTERM, wait; asserts exit status 0.
+    pub fn stop(&mut self) {
+        let Some(child) = self.child.as_ref() else {
+            return;
+        };
+        let pid = child.id() as libc::pid_t;
+        // SAFETY: plain kill(2) on our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        match self.wait_exit(STOP_TIMEOUT) {
+            Some(st) => {
+                if !st.success() {
+                    thread::sleep(Duration::from_millis(100));
+                    self.stderr_shown = true;
+                    panic!(
+                        "{} did not exit 0 on SIGTERM: {st}\n--- server stderr ---\n{}",
+                        self.kind(),
+                        tail(&self.stderr(), 8000)
+                    );
+                }
+            }
+            None => {
+                self.kill9();
+                self.stderr_shown = true;
+                panic!(
+                    "{} did not exit within {STOP_TIMEOUT:?} of SIGTERM\n--- server stderr ---\n{}",
+                    self.kind(),
+                    tail(&self.stderr(), 8000)
+                );
+            }
+        }
+    }
+
+    /// Starts the server again with the same arguments (after stop/kill9).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "server still running");
+        self.launch();
+    }
+
+    /// Clean restart (SIGTERM, start).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Crash restart (SIGKILL, start): the server must recover.
+    pub fn crash_restart(&mut self) {
+        self.kill9();
+        self.start_again();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        if thread::panicking() && !self.stderr_shown && self.starts > 0 {
+            eprintln!(
+                "--- {} stderr (test failed) ---\n{}",
+                self.kind(),
+                tail(&self.stderr(), 8000)
+            );
+        }
+    }
+}
+
+/// Runs the strata CLI against the given store/data dir (no server needed).
+pub fn strata_cli(store: &Path, data_dir: &Path, args: &[&str]) -> Output {
+    let mut c = Command::new(strata_bin());
+    c.env_remove("STRATA_STORE")
+        .env_remove("STRATA_DATA_DIR")
+        .arg("--store")
+        .arg(store)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args);
+    run_timeout(&mut c, Duration::from_secs(60))
+}
+
+// ---------------------------------------------------------------------------
+// Background processes and mount guards
+// ---------------------------------------------------------------------------
+
+/// A background child (fio load, writer script, nbdfuse). Killed on drop.
+pub struct BgProcess {
+    pub name: String,
+    child: Option<Child>,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl BgProcess {
+    pub fn spawn(name: &str, cmd: &mut Command) -> BgProcess {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        die_with_parent(cmd);
+        let desc = format!("{cmd:?}");
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {desc}: {e}"));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        spawn_collector(child.stdout.take().expect("piped"), stdout.clone());
+        spawn_collector(child.stderr.take().expect("piped"), stderr.clone());
+        BgProcess {
+            name: name.to_string(),
+            child: Some(child),
+            stdout,
+            stderr,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn stdout(&self) -> String {
+        text(&self.stdout)
+    }
+
+    pub fn stderr(&self) -> String {
+        text(&self.stderr)
+    }
+
+    /// Exit status if it has exited.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Waits for exit up to `timeout`; kills it and panics on timeout.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.try_status() {
+                self.child = None;
+                thread::sleep(Duration::from_millis(50)); // collectors
+                return st;
+            }
+            if t0.elapsed() > timeout {
+                self.kill();
+                panic!(
+                    "{} did not exit within {timeout:?}\n--- stderr ---\n{}",
+                    self.name,
+                    tail(&self.stderr(), 4000)
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for BgProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The export as a regular file through nbdfuse (`DIR/nbd`).
+pub struct FuseFile {
+    pub mountpoint: PathBuf,
+    pub file: PathBuf,
+    proc_: BgProcess,
+}
+
+impl FuseFile {
+    pub fn mount(mountpoint: &Path, uri: &str) -> FuseFile {
+        std::fs::create_dir_all(mountpoint).expect("mkdir fuse mountpoint");
+        let pidfile = mountpoint.with_extension("pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let file = mountpoint.join("nbd");
+        // nbdfuse MOUNTPOINT/FILENAME URI; the pidfile appears once the FUSE
+        // mount is ready.
+        let mut proc_ = BgProcess::spawn(
+            "nbdfuse",
+            Command::new("nbdfuse")
+                .arg("-P")
+                .arg(&pidfile)
+                .arg(&file)
+                .arg(uri),
+        );
+        let t0 = Instant::now();
+        loop {
+            if pidfile.exists() && file.exists() {
+                break;
+            }
+            if let Some(st) = proc_.try_status() {
+                panic!("nbdfuse exited ({st}): {}", proc_.stderr());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "nbdfuse not ready after 30 s: {}",
+                proc_.stderr()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        FuseFile {
+            mountpoint: mountpoint.to_path_buf(),
+            file,
+            proc_,
+        }
+    }
+
+    /// Unmounts and waits for nbdfuse to exit; asserts both succeed.
+    pub fn unmount(mut self) {
+        run_ok(
+            Command::new("fusermount3").arg("-u").arg(&self.mountpoint),
+            Duration::from_secs(60),
+        );
+        let st = self.proc_.wait(Duration::from_secs(60));
+        assert!(
+            st.success(),
+            "nbdfuse exited with {st}: {}",
+            self.proc_.stderr()
+        );
+    }
+}
+
+impl Drop for FuseFile {
+    fn drop(&mut self) {
+        if self.proc_.child.is_some() {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mountpoint)
+                .stderr(Stdio::null())
+                .status();
+            if self.proc_.try_status().is_none() {
+                let _ = Command::new("fusermount3")
+                    .arg("-uz")
+                    .arg(&self.mountpoint)
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            self.proc_.kill();
+        }
+    }
+}
+
+/// A loop device attached to a file.
+pub struct LoopDev {
+    pub dev: String,
+    attached: bool,
+}
+
+impl LoopDev {
+    pub fn attach(file: &Path) -> LoopDev {
+        let out = run_ok(
+            Command::new("losetup").args(["--find", "--show"]).arg(file),
+            Duration::from_secs(60),
+        );
+        let dev = stdout_str(&out).trim().to_string();
+        assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
+        LoopDev {
+            dev,
+            attached: true,
+        }
+    }
+
+    pub fn detach(mut self) {
+        self.attached = false;
+        run_ok(
+            Command::new("losetup").arg("-d").arg(&self.dev),
+            Duration::from_secs(60),
+        );
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        if self.attached {
+            let _ = Command::new("losetup")
+                .arg("-d")
+                .arg(&self.dev)
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A mounted filesystem.
+pub struct Mount {
+    pub dir: PathBuf,
+    mounted: bool,
+}
+
+impl Mount {
+    pub fn mount_dev(dev: &str, dir: &Path) -> Mount {
+        std::fs::create_dir_all(dir).expect("mkdir mountpoint");
+        run_ok(
+            Command::new("mount").arg(dev).arg(dir),
+            Duration::from_secs(60),
+        );
+        Mount {
+            dir: dir.to_path_buf(),
+            mounted: true,
+        }
+    }
+
+    pub fn unmount(mut self) {
+        self.mounted = false;
+        run_ok(
+            Command::new("umount").arg(&self.dir),
+            Duration::from_secs(120),
+        );
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let ok = Command::new("umount")
+                .arg(&self.dir)
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client helpers
+// ---------------------------------------------------------------------------
+
+/// `nbdinfo --json URI`, parsed; returns the first export object.
+pub fn nbdinfo_json(uri: &str) -> serde_json::Value {
+    let out = run_ok(
+        Command::new("nbdinfo").arg("--json").arg(uri),
+        Duration::from_secs(60),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "nbdinfo --json output is not JSON ({e}): {}",
+            stdout_str(&out)
+        )
+    });
+    v["exports"][0].clone()
+}
+
+/// One extent of `nbdinfo --map --json`.
+#[derive(Clone, Debug)]
+pub struct Extent {
+    pub offset: u64,
+    pub length: u64,
+    /// base:allocation flags: bit 0 = hole, bit 1 = zero.
+    pub ty: u64,
+}
+
+pub fn nbdinfo_map(uri: &str) -> Vec<Extent> {
+    let out = run_ok(
+        Command::new("nbdinfo").args(["--map", "--json"]).arg(uri),
+        Duration::from_secs(120),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "nbdinfo --map --json is not JSON ({e}): {}",
+            stdout_str(&out)
+        )
+    });
+    v.as_array()
+        .expect("map is an array")
+        .iter()
+        .map(|e| Extent {
+            offset: e["offset"].as_u64().expect("offset"),
+            length: e["length"].as_u64().expect("length"),
+            ty: e["type"].as_u64().expect("type"),
+        })
+        .collect()
+}
+
+/// Runs fio in `dir` (it leaves state files in its working directory) with
+/// `--output-format=json`, asserts exit 0 and that no job reports an error;
+/// returns the `jobs` array.
+pub fn fio_json(dir: &Path, args: &[String], timeout: Duration) -> Vec<serde_json::Value> {
+    let out = run_timeout(
+        Command::new("fio")
+            .current_dir(dir)
+            .arg("--output-format=json")
+            .args(args),
+        timeout,
+    );
+    let so = stdout_str(&out);
+    // fio may print warnings before the JSON document.
+    let start = so.find('{').unwrap_or(0);
+    let v: Result<serde_json::Value, _> = serde_json::from_str(&so[start..]);
+    assert!(
+        out.status.success(),
+        "fio failed ({})\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        tail(&so, 6000),
+        tail(&stderr_str(&out), 4000)
+    );
+    let v = v.unwrap_or_else(|e| panic!("fio output is not JSON ({e}): {}", tail(&so, 4000)));
+    let jobs = v["jobs"].as_array().expect("fio json has jobs").clone();
+    for j in &jobs {
+        assert_eq!(
+            j["error"].as_i64(),
+            Some(0),
+            "fio job {} reported error {}\n{}",
+            j["jobname"],
+            j["error"],
+            tail(&stderr_str(&out), 4000)
+        );
+    }
+    jobs
+}
+
+/// Reads `/proc/PID/status` fields VmRSS and VmHWM in bytes.
+pub fn rss_hwm(pid: u32) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Deterministic PRNG (xorshift64*), so generated images are reproducible.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+/// Compares two files with `cmp`; panics with cmp's message if they differ.
+pub fn assert_cmp(a: &Path, b: &Path) {
+    let out = run_timeout(Command::new("cmp").arg(a).arg(b), Duration::from_secs(300));
+    assert!(
+        out.status.success(),
+        "{} and {} differ: {}{}",
+        a.display(),
+        b.display(),
+        stdout_str(&out),
+        stderr_str(&out)
+    );
+}
