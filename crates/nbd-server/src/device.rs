@@ -78,8 +78,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     }
 
     /// Fill `buf` with the bytes at `offset_bytes`.
-    fn read(&self, offset_bytes: u64, buf: &mut [u8])
-        -> impl Future<Output = io::Result<()>> + Send;
+    fn read(
+        &self,
+        offset_bytes: u64,
+        buf: &mut [u8],
+    ) -> impl Future<Output = io::Result<()>> + Send;
 
     /// Write `data` at `offset_bytes`. With `fua`, return only once durable.
     fn write(

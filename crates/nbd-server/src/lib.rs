@@ -1,7 +1,37 @@
 //! NBD server core: listeners, fixed-newstyle handshake, option haggling and
 //! the pipelined transmission loop. Generic over [`ExportProvider`]; it knows
 //! no storage engine.
+//!
+//! Modules, one concept each:
+//! - `device`: the `BlockDevice` / `ExportProvider` contract.
+//! - `config`: [`ServerConfig`].
+//! - `listen`: [`ListenAddr`], binding (stale unix sockets), accepting.
+//! - `server`: [`Server`]: accept loop, connection tasks, shutdown.
+//! - `connection`: one connection: handshake then transmission, logging.
+//! - `handshake`: greeting and option haggling.
+//! - `export`: negotiated export parameters (flags, block sizes).
+//! - `transmission`: request reader, in-flight bound, concurrent dispatch.
+//! - `validate`: request checks before the device sees a request.
+//! - `execute`: device calls and reply building.
+//! - `reply`: reply bytes and errno mapping.
+//! - `writer`: the batching reply writer.
 
+mod config;
+mod connection;
 mod device;
+mod execute;
+mod export;
+mod handshake;
+mod listen;
+mod reply;
+mod server;
+mod transmission;
+mod validate;
+mod writer;
 
-pub use device::{Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags};
+pub use config::ServerConfig;
+pub use device::{
+    Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
+};
+pub use listen::{ListenAddr, ParseListenAddrError};
+pub use server::Server;

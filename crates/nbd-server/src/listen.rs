@@ -1,0 +1,257 @@
+//! Listening addresses: parsing and printing `unix:` / `tcp:` addresses,
+//! binding them (replacing stale unix socket files, refusing live ones),
+//! accepting connections (TCP_NODELAY on), splitting accepted streams, and
+//! removing our socket files at the end.
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+/// Where the server listens: `unix:/path.sock`, `tcp:127.0.0.1:10809`,
+/// `tcp:[::1]:10809`. `Display` prints the same form `FromStr` parses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+/// Why a string is not a [`ListenAddr`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseListenAddrError {
+    input: String,
+    reason: &'static str,
+}
+
+impl fmt::Display for ParseListenAddrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid listen address {:?}: {}",
+            self.input, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ParseListenAddrError {}
+
+impl FromStr for ListenAddr {
+    type Err = ParseListenAddrError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let error = |reason| ParseListenAddrError {
+            input: input.to_owned(),
+            reason,
+        };
+        if let Some(path) = input.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(error("empty unix socket path"));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        if let Some(address) = input.strip_prefix("tcp:") {
+            return address.parse().map(ListenAddr::Tcp).map_err(|_| {
+                error("expected tcp:IP:PORT, e.g. tcp:127.0.0.1:10809 or tcp:[::1]:10809")
+            });
+        }
+        Err(error("expected unix:PATH or tcp:IP:PORT"))
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+            ListenAddr::Tcp(address) => write!(f, "tcp:{address}"),
+        }
+    }
+}
+
+/// A bound listening socket.
+pub(crate) enum Listener {
+    /// The listener and its address as printed (the peer label of its
+    /// connections: unix peers have no useful address of their own).
+    Unix(UnixListener, String),
+    Tcp(TcpListener),
+}
+
+/// A unix socket file we created; removed at shutdown if still ours.
+#[derive(Debug)]
+pub(crate) struct SocketFile {
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+}
+
+impl SocketFile {
+    /// Removes the file unless someone replaced it since we bound it.
+    pub(crate) fn remove(&self) {
+        let still_ours = std::fs::symlink_metadata(&self.path)
+            .map(|meta| meta.dev() == self.device && meta.ino() == self.inode)
+            .unwrap_or(false);
+        if still_ours {
+            if let Err(error) = std::fs::remove_file(&self.path) {
+                tracing::warn!(path = %self.path.display(), %error, "cannot remove socket file");
+            }
+        }
+    }
+}
+
+/// Binds `addr`; errors name the address and the reason.
+pub(crate) async fn bind(addr: &ListenAddr) -> io::Result<(Listener, Option<SocketFile>)> {
+    let result = match addr {
+        ListenAddr::Tcp(address) => TcpListener::bind(address)
+            .await
+            .map(|listener| (Listener::Tcp(listener), None)),
+        ListenAddr::Unix(path) => bind_unix(path, addr.to_string()).await,
+    };
+    result
+        .map_err(|error| io::Error::new(error.kind(), format!("cannot listen on {addr}: {error}")))
+}
+
+async fn bind_unix(path: &Path, label: String) -> io::Result<(Listener, Option<SocketFile>)> {
+    remove_if_stale(path).await?;
+    let listener = UnixListener::bind(path)?;
+    let meta = std::fs::symlink_metadata(path)?;
+    let file = SocketFile {
+        path: path.to_owned(),
+        device: meta.dev(),
+        inode: meta.ino(),
+    };
+    Ok((Listener::Unix(listener, label), Some(file)))
+}
+
+/// Deletes a socket file nobody listens on; refuses live sockets and
+/// files that are not sockets.
+async fn remove_if_stale(path: &Path) -> io::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "path exists and is not a socket",
+        ));
+    }
+    match UnixStream::connect(path).await {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another server is listening on this socket",
+        )),
+        Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
+            tracing::info!(path = %path.display(), "replacing stale unix socket");
+            std::fs::remove_file(path)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+impl Listener {
+    /// The bound address (TCP port 0 resolved).
+    pub(crate) fn local_addr(&self, requested: &ListenAddr) -> io::Result<ListenAddr> {
+        match self {
+            Listener::Tcp(listener) => listener.local_addr().map(ListenAddr::Tcp),
+            Listener::Unix(..) => Ok(requested.clone()),
+        }
+    }
+
+    /// Accepts one connection; TCP connections get TCP_NODELAY.
+    pub(crate) async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Listener::Tcp(listener) => {
+                let (stream, peer) = listener.accept().await?;
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::warn!(%peer, %error, "cannot set TCP_NODELAY");
+                }
+                Ok(Accepted::Tcp(stream, format!("tcp:{peer}")))
+            }
+            Listener::Unix(listener, label) => {
+                let (stream, _) = listener.accept().await?;
+                Ok(Accepted::Unix(stream, label.clone()))
+            }
+        }
+    }
+}
+
+/// An accepted connection and a label for logs: `tcp:IP:PORT` of the
+/// peer, or the `unix:PATH` it connected to.
+pub(crate) enum Accepted {
+    Unix(UnixStream, String),
+    Tcp(TcpStream, String),
+}
+
+/// A connected stream that splits into independently owned halves.
+pub(crate) trait SplitStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    type ReadHalf: AsyncRead + Unpin + Send + 'static;
+    type WriteHalf: AsyncWrite + Unpin + Send + 'static;
+
+    fn split_owned(self) -> (Self::ReadHalf, Self::WriteHalf);
+}
+
+impl SplitStream for TcpStream {
+    type ReadHalf = tokio::net::tcp::OwnedReadHalf;
+    type WriteHalf = tokio::net::tcp::OwnedWriteHalf;
+
+    fn split_owned(self) -> (Self::ReadHalf, Self::WriteHalf) {
+        self.into_split()
+    }
+}
+
+impl SplitStream for UnixStream {
+    type ReadHalf = tokio::net::unix::OwnedReadHalf;
+    type WriteHalf = tokio::net::unix::OwnedWriteHalf;
+
+    fn split_owned(self) -> (Self::ReadHalf, Self::WriteHalf) {
+        self.into_split()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_addresses() {
+        for text in [
+            "unix:/tmp/x.sock",
+            "unix:relative.sock",
+            "tcp:127.0.0.1:10809",
+            "tcp:[::1]:10809",
+            "tcp:0.0.0.0:0",
+        ] {
+            let addr: ListenAddr = text.parse().unwrap();
+            assert_eq!(addr.to_string(), text);
+        }
+        assert_eq!(
+            "unix:/a b".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Unix(PathBuf::from("/a b"))
+        );
+    }
+
+    #[test]
+    fn rejects_bad_addresses() {
+        for text in [
+            "",
+            "unix:",
+            "tcp:",
+            "tcp:localhost:10809",
+            "tcp:127.0.0.1",
+            "tcp:::1:10809",
+            "udp:127.0.0.1:1",
+            "/tmp/x.sock",
+        ] {
+            let error = text.parse::<ListenAddr>().unwrap_err();
+            assert!(
+                error.to_string().contains("invalid listen address"),
+                "{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The transmission phase of one connection. A reader pulls requests from a
+//! buffered reader (many per read syscall), validates them, and hands each
+//! to the device concurrently: the request's future is polled once in place
+//! (a device that answers at once costs no task) and spawned as its own task
+//! if it has to wait, so replies go out in completion order. A semaphore of
+//! `max_in_flight_per_connection` permits bounds the requests in flight;
+//! when none is free the reader stops reading. Replies go through one queue
+//! to the writer task (see `writer`).
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::sync::Arc;
+use std::task::Poll;
+
+use nbd_proto::consts::*;
+use nbd_proto::RequestHeader;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::config::ServerConfig;
+use crate::device::BlockDevice;
+use crate::execute::{execute, Op};
+use crate::export::Export;
+use crate::listen::SplitStream;
+use crate::reply::Reply;
+use crate::validate::{self, Checked, Limits};
+use crate::writer::{write_replies, Outgoing, ReplySender};
+
+/// Read buffer: room for many small requests per read syscall.
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+/// Payloads of refused writes up to this size (or `max_request_bytes` if
+/// larger) are read and dropped; larger ones end the connection.
+const MIN_DISCARD_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Why transmission ended.
+pub(crate) enum End {
+    /// NBD_CMD_DISC.
+    Disconnect,
+    /// End of stream between requests.
+    ClientClosed,
+    /// End of stream inside a request header or payload.
+    ClientVanished,
+    ReadFailed(io::Error),
+    WriteFailed(io::Error),
+    /// The client broke the protocol; the connection was dropped.
+    Protocol(String),
+    /// The server is shutting down.
+    Shutdown,
+}
+
+impl End {
+    fn from_read_error(error: io::Error) -> End {
+        match error.kind() {
+            io::ErrorKind::UnexpectedEof => End::ClientVanished,
+            _ => End::ReadFailed(error),
+        }
+    }
+
+    /// Whether this is a client or protocol fault worth a warning.
+    pub(crate) fn is_fault(&self) -> bool {
+        matches!(self, End::Protocol(_))
+    }
+}
+
+impl fmt::Display for End {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            End::Disconnect => write!(f, "client disconnected"),
+            End::ClientClosed => write!(f, "client closed the connection"),
+            End::ClientVanished => write!(f, "client vanished in the middle of a request"),
+            End::ReadFailed(error) => write!(f, "read failed: {error}"),
+            End::WriteFailed(error) => write!(f, "write failed: {error}"),
+            End::Protocol(message) => write!(f, "protocol error, connection dropped: {message}"),
+            End::Shutdown => write!(f, "server shutting down"),
+        }
+    }
+}
+
+/// What the tasks of one connection share.
+struct Connection<D> {
+    export: Export<D>,
+    limits: Limits,
+}
+
+/// Serves requests until the client leaves, breaks the protocol, or `stop`
+/// turns true; then lets in-flight requests finish and their replies go out.
+pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
+    stream: S,
+    export: Export<D>,
+    config: &ServerConfig,
+    stop: &mut watch::Receiver<bool>,
+) -> End {
+    let (read_half, write_half) = stream.split_owned();
+    let (sender, queue) = mpsc::unbounded_channel();
+    let mut writer = AbortOnDrop(tokio::spawn(write_replies(write_half, queue)));
+    let limits = Limits {
+        params: export.params,
+        has_meta_context: export.base_allocation_id.is_some(),
+    };
+    let connection = Arc::new(Connection { export, limits });
+    let permit_count = config
+        .max_in_flight_per_connection
+        .clamp(1, Semaphore::MAX_PERMITS);
+    let permits = Arc::new(Semaphore::new(permit_count));
+    let discard_limit_bytes = MIN_DISCARD_LIMIT_BYTES.max(config.max_request_bytes.into());
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
+    let end = tokio::select! {
+        biased;
+        end = read_requests(&mut reader, &connection, &permits, &sender, discard_limit_bytes) => end,
+        _ = stop.wait_for(|stopping| *stopping) => End::Shutdown,
+    };
+    drop(sender);
+    match (&mut writer.0).await {
+        Ok(Err(error)) if !end.is_fault() => End::WriteFailed(error),
+        Err(error) if !end.is_fault() => End::WriteFailed(io::Error::other(error)),
+        _ => end,
+    }
+}
+
+/// Aborts the task when dropped (a connection cut at the end of the
+/// shutdown grace takes its writer with it).
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
+    reader: &mut BufReader<R>,
+    connection: &Arc<Connection<D>>,
+    permits: &Arc<Semaphore>,
+    sender: &ReplySender,
+    discard_limit_bytes: u64,
+) -> End {
+    let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
+    loop {
+        let Ok(permit) = Arc::clone(permits).acquire_owned().await else {
+            return End::Protocol("request limiter closed".into());
+        };
+        match read_header(reader, &mut header_bytes).await {
+            Ok(true) => {}
+            Ok(false) => return End::ClientClosed,
+            Err(error) => return End::from_read_error(error),
+        }
+        let header = match RequestHeader::decode(&header_bytes) {
+            Ok(header) => header,
+            Err(error) => return End::Protocol(error.to_string()),
+        };
+        if header.command_type == CMD_DISC {
+            return End::Disconnect;
+        }
+        let op = match validate::check(&connection.limits, &header) {
+            Ok(checked) => match read_op(reader, checked).await {
+                Ok(op) => op,
+                Err(error) => return End::from_read_error(error),
+            },
+            Err(rejection) => {
+                if header.command_type == CMD_WRITE {
+                    let length_bytes = u64::from(header.length_bytes);
+                    if let Err(end) = discard(reader, length_bytes, discard_limit_bytes).await {
+                        return end;
+                    }
+                }
+                let structured = connection.export.structured_replies;
+                let reply = Reply::error(
+                    structured,
+                    header.handle,
+                    rejection.errno,
+                    rejection.message,
+                );
+                let _ = sender.send(Outgoing {
+                    reply,
+                    _permit: permit,
+                });
+                continue;
+            }
+        };
+        dispatch(connection, header.handle, op, sender, permit).await;
+    }
+}
+
+/// Reads one request header. `Ok(false)`: clean end of stream.
+async fn read_header<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    header_bytes: &mut [u8; REQUEST_HEADER_BYTES],
+) -> io::Result<bool> {
+    if let Some(buffered) = reader.buffer().get(..REQUEST_HEADER_BYTES) {
+        header_bytes.copy_from_slice(buffered);
+        reader.consume(REQUEST_HEADER_BYTES);
+        return Ok(true);
+    }
+    if reader.fill_buf().await?.is_empty() {
+        return Ok(false);
+    }
+    reader.read_exact(header_bytes).await?;
+    Ok(true)
+}
+
+/// Turns a validated request into an operation, reading WRITE data.
+async fn read_op<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    checked: Checked,
+) -> io::Result<Op> {
+    Ok(match checked {
+        Checked::Read {
+            offset_bytes,
+            length_bytes,
+        } => Op::Read {
+            offset_bytes,
+            length_bytes,
+        },
+        Checked::Write {
+            offset_bytes,
+            length_bytes,
+            fua,
+        } => {
+            let mut data = vec![0u8; length_bytes as usize];
+            reader.read_exact(&mut data).await?;
+            Op::Write {
+                offset_bytes,
+                data,
+                fua,
+            }
+        }
+        Checked::Flush => Op::Flush,
+        Checked::Trim {
+            offset_bytes,
+            length_bytes,
+            fua,
+        } => Op::Trim {
+            offset_bytes,
+            length_bytes,
+            fua,
+        },
+        Checked::Cache {
+            offset_bytes,
+            length_bytes,
+        } => Op::Cache {
+            offset_bytes,
+            length_bytes,
+        },
+        Checked::WriteZeroes {
+            offset_bytes,
+            length_bytes,
+            flags,
+        } => Op::WriteZeroes {
+            offset_bytes,
+            length_bytes,
+            flags,
+        },
+        Checked::BlockStatus {
+            offset_bytes,
+            length_bytes,
+            req_one,
+        } => Op::BlockStatus {
+            offset_bytes,
+            length_bytes,
+            req_one,
+        },
+    })
+}
+
+/// Skips the payload of a refused WRITE, or gives up on the connection if
+/// it is too large to skip sanely.
+async fn discard<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    length_bytes: u64,
+    limit_bytes: u64,
+) -> Result<(), End> {
+    if length_bytes > limit_bytes {
+        return Err(End::Protocol(format!(
+            "refused write carries {length_bytes} bytes, more than the {limit_bytes} we skip"
+        )));
+    }
+    let mut payload = reader.take(length_bytes);
+    match tokio::io::copy(&mut payload, &mut tokio::io::sink()).await {
+        Ok(copied_bytes) if copied_bytes == length_bytes => Ok(()),
+        Ok(_) => Err(End::ClientVanished),
+        Err(error) => Err(End::from_read_error(error)),
+    }
+}
+
+/// Runs `op` concurrently with the reader: polled once here, spawned as a
+/// task only if the device is not done yet. The reply goes to the writer.
+async fn dispatch<D: BlockDevice>(
+    connection: &Arc<Connection<D>>,
+    handle: u64,
+    op: Op,
+    sender: &ReplySender,
+    permit: OwnedSemaphorePermit,
+) {
+    let connection = Arc::clone(connection);
+    let sender = sender.clone();
+    let mut task = Box::pin(async move {
+        let reply = execute(&connection.export, handle, op).await;
+        // A closed queue means the client is gone; the reply is moot.
+        let _ = sender.send(Outgoing {
+            reply,
+            _permit: permit,
+        });
+    });
+    let finished = poll_fn(|context| Poll::Ready(task.as_mut().poll(context).is_ready())).await;
+    if !finished {
+        tokio::spawn(task);
+    }
+}
