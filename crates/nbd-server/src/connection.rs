@@ -62,12 +62,12 @@ async fn serve_stream<P: ExportProvider, S: SplitStream>(
     };
     let name = export.name.clone();
     let structured = export.structured_replies;
-    tracing::info!(conn = id, peer, export = %name, structured, "transmission started");
+    tracing::info!(conn = id, peer, export = ?name, structured, "transmission started");
     let end = transmission::serve(stream, export, &shared.config, &mut stop).await;
     if end.is_fault() {
-        tracing::warn!(conn = id, peer, export = %name, "connection closed: {end}");
+        tracing::warn!(conn = id, peer, export = ?name, "connection closed: {end}");
     } else {
-        tracing::info!(conn = id, peer, export = %name, "connection closed: {end}");
+        tracing::info!(conn = id, peer, export = ?name, "connection closed: {end}");
     }
 }
 

@@ -152,8 +152,8 @@ fn check_range(limits: &Limits, command: Command, header: &RequestHeader) -> Res
         });
     }
     let minimum_bytes = u64::from(limits.params.block_sizes.minimum_bytes.max(1));
-    let aligned = header.offset_bytes % minimum_bytes == 0
-        && u64::from(header.length_bytes) % minimum_bytes == 0;
+    let aligned = header.offset_bytes.is_multiple_of(minimum_bytes)
+        && u64::from(header.length_bytes).is_multiple_of(minimum_bytes);
     if !aligned {
         return Err(reject(
             EINVAL,

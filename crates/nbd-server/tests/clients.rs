@@ -1,6 +1,9 @@
 //! The server driven by real NBD clients: nbdinfo, qemu-io, qemu-img,
 //! nbdcopy and nbdsh (libnbd), over both the unix and the tcp listener.
 
+// Test helpers outside #[test] functions unwrap too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;

@@ -197,6 +197,11 @@ impl RawClient {
     /// Reads one reply. A successful simple reply carries `read_length`
     /// bytes of data (0 for anything but READ).
     pub async fn read_reply(&mut self, read_length: usize) -> RawReply {
+        self.read_reply_with(|_| read_length).await
+    }
+
+    /// Like `read_reply`, with the data length of a simple reply chosen by handle.
+    pub async fn read_reply_with(&mut self, read_length: impl Fn(u64) -> usize) -> RawReply {
         let mut magic = [0u8; 4];
         self.stream.read_exact(&mut magic).await.unwrap();
         match ReplyKind::detect(&magic).unwrap() {
@@ -205,7 +210,14 @@ impl RawClient {
                 rest[..4].copy_from_slice(&magic);
                 self.stream.read_exact(&mut rest[4..]).await.unwrap();
                 let header = SimpleReplyHeader::decode(&rest).unwrap();
-                let mut data = vec![0u8; if header.error == 0 { read_length } else { 0 }];
+                let mut data = vec![
+                    0u8;
+                    if header.error == 0 {
+                        read_length(header.handle)
+                    } else {
+                        0
+                    }
+                ];
                 self.stream.read_exact(&mut data).await.unwrap();
                 RawReply::Simple {
                     error: header.error,
