@@ -10,6 +10,7 @@
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -82,6 +83,8 @@ impl fmt::Display for End {
 struct Connection<D> {
     export: Export<D>,
     limits: Limits,
+    /// Requests that had to wait and run in their own task.
+    requests_in_tasks: Arc<AtomicUsize>,
 }
 
 /// Serves requests until the client leaves, breaks the protocol, or `stop`
@@ -94,12 +97,18 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
 ) -> End {
     let (read_half, write_half) = stream.split_owned();
     let (sender, queue) = mpsc::unbounded_channel();
-    let mut writer = AbortOnDrop(tokio::spawn(write_replies(write_half, queue)));
+    let requests_in_tasks = Arc::new(AtomicUsize::new(0));
+    let writer_task = write_replies(write_half, queue, Arc::clone(&requests_in_tasks));
+    let mut writer = AbortOnDrop(tokio::spawn(writer_task));
     let limits = Limits {
         params: export.params,
         has_meta_context: export.base_allocation_id.is_some(),
     };
-    let connection = Arc::new(Connection { export, limits });
+    let connection = Arc::new(Connection {
+        export,
+        limits,
+        requests_in_tasks,
+    });
     let permit_count = config
         .max_in_flight_per_connection
         .clamp(1, Semaphore::MAX_PERMITS);
@@ -293,18 +302,35 @@ async fn dispatch<D: BlockDevice>(
     sender: &ReplySender,
     permit: OwnedSemaphorePermit,
 ) {
-    let connection = Arc::clone(connection);
-    let sender = sender.clone();
-    let mut task = Box::pin(async move {
-        let reply = execute(&connection.export, handle, op).await;
-        // A closed queue means the client is gone; the reply is moot.
-        let _ = sender.send(Outgoing {
-            reply,
-            _permit: permit,
-        });
-    });
+    let mut task = Box::pin(run_request(
+        Arc::clone(connection),
+        handle,
+        op,
+        sender.clone(),
+        permit,
+    ));
     let finished = poll_fn(|context| Poll::Ready(task.as_mut().poll(context).is_ready())).await;
     if !finished {
-        tokio::spawn(task);
+        let requests_in_tasks = Arc::clone(&connection.requests_in_tasks);
+        requests_in_tasks.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            task.await;
+            requests_in_tasks.fetch_sub(1, Ordering::Relaxed);
+        });
     }
+}
+
+async fn run_request<D: BlockDevice>(
+    connection: Arc<Connection<D>>,
+    handle: u64,
+    op: Op,
+    sender: ReplySender,
+    permit: OwnedSemaphorePermit,
+) {
+    let reply = execute(&connection.export, handle, op).await;
+    // A closed queue means the client is gone; the reply is moot.
+    let _ = sender.send(Outgoing {
+        reply,
+        _permit: permit,
+    });
 }

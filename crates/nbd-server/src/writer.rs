@@ -4,6 +4,8 @@
 //! in-flight permit of its request, released once the reply is written.
 
 use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -23,19 +25,38 @@ pub(crate) struct Outgoing {
 pub(crate) type ReplySender = UnboundedSender<Outgoing>;
 
 /// Writes replies until every sender is gone, then shuts the write side
-/// down. Returns the first write error.
+/// down. Returns the first write error. `requests_in_tasks` counts requests
+/// running in their own task (see `transmission::dispatch`).
 pub(crate) async fn write_replies<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut queue: UnboundedReceiver<Outgoing>,
+    requests_in_tasks: Arc<AtomicUsize>,
 ) -> io::Result<()> {
     let mut batch: Vec<Outgoing> = Vec::with_capacity(MAX_BATCH_REPLIES);
     while queue.recv_many(&mut batch, MAX_BATCH_REPLIES).await > 0 {
+        if requests_in_tasks.load(Ordering::Relaxed) > 0 {
+            // Request tasks woke us with their first reply; step back so the
+            // others that are ready run too and their replies join this
+            // write (else each reply would cost its own syscall).
+            tokio::task::yield_now().await;
+            drain_ready(&mut queue, &mut batch);
+        }
         write_batch(&mut writer, &batch).await?;
         // Dropping the replies releases their permits.
         batch.clear();
     }
     writer.flush().await?;
     writer.shutdown().await
+}
+
+/// Moves already queued replies into `batch`, up to the batch limit.
+fn drain_ready(queue: &mut UnboundedReceiver<Outgoing>, batch: &mut Vec<Outgoing>) {
+    while batch.len() < MAX_BATCH_REPLIES {
+        match queue.try_recv() {
+            Ok(outgoing) => batch.push(outgoing),
+            Err(_) => return,
+        }
+    }
 }
 
 /// Writes every byte of `batch`, as few syscalls as the socket allows.
