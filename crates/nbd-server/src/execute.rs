@@ -15,8 +15,8 @@ use crate::reply::Reply;
 /// Most extents asked of the device for one BLOCK_STATUS without REQ_ONE.
 const MAX_BLOCK_STATUS_EXTENTS: usize = 1024;
 
-/// A validated request with its data, ready for the device.
-#[derive(Debug)]
+/// A validated request, ready for the device once WRITE data is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Op {
     Read {
         offset_bytes: u64,
@@ -24,8 +24,10 @@ pub(crate) enum Op {
     },
     Write {
         offset_bytes: u64,
-        data: Vec<u8>,
+        length_bytes: u32,
         fua: bool,
+        /// Read from the connection after validation.
+        data: Vec<u8>,
     },
     Flush,
     Trim {
@@ -67,6 +69,7 @@ pub(crate) async fn execute<D: BlockDevice>(export: &Export<D>, handle: u64, op:
             offset_bytes,
             data,
             fua,
+            ..
         } => device.write(offset_bytes, &data, fua).await,
         Op::Flush => device.flush().await,
         Op::Trim {

@@ -26,7 +26,7 @@ use crate::execute::{execute, Op};
 use crate::export::Export;
 use crate::listen::SplitStream;
 use crate::reply::Reply;
-use crate::validate::{self, Checked, Limits};
+use crate::validate::{self, Limits, Rejection};
 use crate::writer::{write_replies, Outgoing, ReplySender};
 
 /// Read buffer: room for many small requests per read syscall.
@@ -115,17 +115,31 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
     let permits = Arc::new(Semaphore::new(permit_count));
     let discard_limit_bytes = MIN_DISCARD_LIMIT_BYTES.max(config.max_request_bytes.into());
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
-    let end = tokio::select! {
+    let finish = tokio::select! {
         biased;
-        end = read_requests(&mut reader, &connection, &permits, &sender, discard_limit_bytes) => end,
-        _ = stop.wait_for(|stopping| *stopping) => End::Shutdown,
+        end = read_requests(&mut reader, &connection, &permits, &sender, discard_limit_bytes) => {
+            Finish::Reader(end)
+        }
+        // The writer only ends this early when writing failed: stop reading.
+        result = &mut writer.0 => Finish::Writer(result),
+        _ = stop.wait_for(|stopping| *stopping) => Finish::Reader(End::Shutdown),
     };
     drop(sender);
-    match (&mut writer.0).await {
+    let (end, written) = match finish {
+        Finish::Reader(end) => (end, (&mut writer.0).await),
+        Finish::Writer(result) => (End::WriteFailed(io::Error::other("writer ended")), result),
+    };
+    match written {
         Ok(Err(error)) if !end.is_fault() => End::WriteFailed(error),
         Err(error) if !end.is_fault() => End::WriteFailed(io::Error::other(error)),
         _ => end,
     }
+}
+
+/// Which side of the connection stopped first.
+enum Finish {
+    Reader(End),
+    Writer(Result<io::Result<()>, tokio::task::JoinError>),
 }
 
 /// Aborts the task when dropped (a connection cut at the end of the
@@ -162,11 +176,8 @@ async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
         if header.command_type == CMD_DISC {
             return End::Disconnect;
         }
-        let op = match validate::check(&connection.limits, &header) {
-            Ok(checked) => match read_op(reader, checked).await {
-                Ok(op) => op,
-                Err(error) => return End::from_read_error(error),
-            },
+        let mut op = match validate::check(&connection.limits, &header) {
+            Ok(op) => op,
             Err(rejection) => {
                 if header.command_type == CMD_WRITE {
                     let length_bytes = u64::from(header.length_bytes);
@@ -174,22 +185,36 @@ async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
                         return end;
                     }
                 }
-                let structured = connection.export.structured_replies;
-                let reply = Reply::error(
-                    structured,
-                    header.handle,
-                    rejection.errno,
-                    rejection.message,
-                );
-                let _ = sender.send(Outgoing {
-                    reply,
-                    _permit: permit,
-                });
+                refuse(connection, &header, rejection, sender, permit);
                 continue;
             }
         };
+        if let Err(error) = read_payload(reader, &mut op).await {
+            return End::from_read_error(error);
+        }
         dispatch(connection, header.handle, op, sender, permit).await;
     }
+}
+
+/// Answers a refused request with its error.
+fn refuse<D>(
+    connection: &Connection<D>,
+    header: &RequestHeader,
+    rejection: Rejection,
+    sender: &ReplySender,
+    permit: OwnedSemaphorePermit,
+) {
+    let structured = connection.export.structured_replies;
+    let reply = Reply::error(
+        structured,
+        header.handle,
+        rejection.errno,
+        rejection.message,
+    );
+    let _ = sender.send(Outgoing {
+        reply,
+        _permit: permit,
+    });
 }
 
 /// Reads one request header. `Ok(false)`: clean end of stream.
@@ -209,68 +234,19 @@ async fn read_header<R: AsyncRead + Unpin>(
     Ok(true)
 }
 
-/// Turns a validated request into an operation, reading WRITE data.
-async fn read_op<R: AsyncRead + Unpin>(
+/// Reads the data of a validated WRITE into its operation.
+async fn read_payload<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
-    checked: Checked,
-) -> io::Result<Op> {
-    Ok(match checked {
-        Checked::Read {
-            offset_bytes,
-            length_bytes,
-        } => Op::Read {
-            offset_bytes,
-            length_bytes,
-        },
-        Checked::Write {
-            offset_bytes,
-            length_bytes,
-            fua,
-        } => {
-            let mut data = vec![0u8; length_bytes as usize];
-            reader.read_exact(&mut data).await?;
-            Op::Write {
-                offset_bytes,
-                data,
-                fua,
-            }
-        }
-        Checked::Flush => Op::Flush,
-        Checked::Trim {
-            offset_bytes,
-            length_bytes,
-            fua,
-        } => Op::Trim {
-            offset_bytes,
-            length_bytes,
-            fua,
-        },
-        Checked::Cache {
-            offset_bytes,
-            length_bytes,
-        } => Op::Cache {
-            offset_bytes,
-            length_bytes,
-        },
-        Checked::WriteZeroes {
-            offset_bytes,
-            length_bytes,
-            flags,
-        } => Op::WriteZeroes {
-            offset_bytes,
-            length_bytes,
-            flags,
-        },
-        Checked::BlockStatus {
-            offset_bytes,
-            length_bytes,
-            req_one,
-        } => Op::BlockStatus {
-            offset_bytes,
-            length_bytes,
-            req_one,
-        },
-    })
+    op: &mut Op,
+) -> io::Result<()> {
+    if let Op::Write {
+        length_bytes, data, ..
+    } = op
+    {
+        *data = vec![0u8; *length_bytes as usize];
+        reader.read_exact(data).await?;
+    }
+    Ok(())
 }
 
 /// Skips the payload of a refused WRITE, or gives up on the connection if

@@ -1,46 +1,13 @@
 //! Request validation: everything the server checks before the device sees
-//! a request (command, flags, negotiated features, read-only, range, block
+//! a request, turning a valid header into an [`Op`] (command, flags, negotiated features, read-only, range, block
 //! size alignment and limits). Pure functions, no I/O.
 
 use nbd_proto::consts::*;
 use nbd_proto::{Command, RequestHeader};
 
 use crate::device::ZeroFlags;
+use crate::execute::Op;
 use crate::export::ExportParams;
-
-/// A request that passed validation. WRITE data is read afterwards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Checked {
-    Read {
-        offset_bytes: u64,
-        length_bytes: u32,
-    },
-    Write {
-        offset_bytes: u64,
-        length_bytes: u32,
-        fua: bool,
-    },
-    Flush,
-    Trim {
-        offset_bytes: u64,
-        length_bytes: u32,
-        fua: bool,
-    },
-    Cache {
-        offset_bytes: u64,
-        length_bytes: u32,
-    },
-    WriteZeroes {
-        offset_bytes: u64,
-        length_bytes: u32,
-        flags: ZeroFlags,
-    },
-    BlockStatus {
-        offset_bytes: u64,
-        length_bytes: u32,
-        req_one: bool,
-    },
-}
 
 /// Why a request is refused: the errno for the reply and a message for
 /// structured error chunks.
@@ -63,7 +30,7 @@ pub(crate) struct Limits {
 
 /// Validates one request header. NBD_CMD_DISC is the caller's business
 /// (it has no reply); here it is refused like an unknown command.
-pub(crate) fn check(limits: &Limits, header: &RequestHeader) -> Result<Checked, Rejection> {
+pub(crate) fn check(limits: &Limits, header: &RequestHeader) -> Result<Op, Rejection> {
     let command = header
         .command()
         .filter(|&command| command != Command::Disc)
@@ -74,11 +41,11 @@ pub(crate) fn check(limits: &Limits, header: &RequestHeader) -> Result<Checked, 
         if header.offset_bytes != 0 || header.length_bytes != 0 {
             return Err(reject(EINVAL, "flush offset and length must be zero"));
         }
-        return Ok(Checked::Flush);
+        return Ok(Op::Flush);
     }
     check_length_limit(limits, command, header)?;
     check_range(limits, command, header)?;
-    Ok(checked(command, header))
+    Ok(op(command, header))
 }
 
 /// Flags must be documented for the command and offered by our
@@ -163,30 +130,32 @@ fn check_range(limits: &Limits, command: Command, header: &RequestHeader) -> Res
     Ok(())
 }
 
-fn checked(command: Command, header: &RequestHeader) -> Checked {
+/// The operation; a WRITE gets its data (still empty) read later.
+fn op(command: Command, header: &RequestHeader) -> Op {
     let offset_bytes = header.offset_bytes;
     let length_bytes = header.length_bytes;
     let fua = header.flags & CMD_FLAG_FUA != 0;
     match command {
-        Command::Read => Checked::Read {
+        Command::Read => Op::Read {
             offset_bytes,
             length_bytes,
         },
-        Command::Write => Checked::Write {
+        Command::Write => Op::Write {
+            offset_bytes,
+            length_bytes,
+            fua,
+            data: Vec::new(),
+        },
+        Command::Trim => Op::Trim {
             offset_bytes,
             length_bytes,
             fua,
         },
-        Command::Trim => Checked::Trim {
-            offset_bytes,
-            length_bytes,
-            fua,
-        },
-        Command::Cache => Checked::Cache {
+        Command::Cache => Op::Cache {
             offset_bytes,
             length_bytes,
         },
-        Command::WriteZeroes => Checked::WriteZeroes {
+        Command::WriteZeroes => Op::WriteZeroes {
             offset_bytes,
             length_bytes,
             flags: ZeroFlags {
@@ -195,13 +164,13 @@ fn checked(command: Command, header: &RequestHeader) -> Checked {
                 fast_zero: header.flags & CMD_FLAG_FAST_ZERO != 0,
             },
         },
-        Command::BlockStatus => Checked::BlockStatus {
+        Command::BlockStatus => Op::BlockStatus {
             offset_bytes,
             length_bytes,
             req_one: header.flags & CMD_FLAG_REQ_ONE != 0,
         },
         // Disc never gets here: `check` refuses it.
-        Command::Flush | Command::Disc => Checked::Flush,
+        Command::Flush | Command::Disc => Op::Flush,
     }
 }
 
@@ -251,14 +220,14 @@ mod tests {
         let l = limits(false, 1);
         assert_eq!(
             check(&l, &header(CMD_READ, 0, 0, 4096)),
-            Ok(Checked::Read {
+            Ok(Op::Read {
                 offset_bytes: 0,
                 length_bytes: 4096
             })
         );
         assert!(check(&l, &header(CMD_WRITE, CMD_FLAG_FUA, (1 << 20) - 1, 1)).is_ok());
         assert!(check(&l, &header(CMD_READ, 0, 1 << 20, 0)).is_ok());
-        assert_eq!(check(&l, &header(CMD_FLUSH, 0, 0, 0)), Ok(Checked::Flush));
+        assert_eq!(check(&l, &header(CMD_FLUSH, 0, 0, 0)), Ok(Op::Flush));
         assert_eq!(errno(&l, header(CMD_DISC, 0, 0, 0)), EINVAL);
         let zero_flags = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO;
         assert!(check(&l, &header(CMD_WRITE_ZEROES, zero_flags, 0, 1 << 20)).is_ok());

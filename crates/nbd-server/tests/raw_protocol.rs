@@ -297,7 +297,8 @@ async fn huge_write_and_bad_request_magic_close_the_connection() {
     let mut client = RawClient::unix(&server.unix_path()).await;
     client.go("", true, false).await;
     client.send_request(0, CMD_WRITE, 1, 0, u32::MAX).await;
-    client.stream.write_all(&[0u8; 4096]).await.unwrap();
+    // The server may already have hung up.
+    let _ = client.stream.write_all(&[0u8; 4096]).await;
     assert!(within(5, client.closed_by_server()).await);
     still_works(&server).await;
 
@@ -476,5 +477,65 @@ async fn disconnect_answers_outstanding_requests_first() {
     handles.sort();
     assert_eq!(handles, (1..=20).collect::<Vec<_>>());
     assert!(within(5, client.closed_by_server()).await);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_name_without_no_zeroes_sends_the_124_zero_bytes() {
+    let (server, _) = start().await;
+    let mut client = RawClient::tcp(server.tcp_addr()).await;
+    let mut greeting = [0u8; GREETING_BYTES];
+    tokio::io::AsyncReadExt::read_exact(&mut client.stream, &mut greeting)
+        .await
+        .unwrap();
+    let flags = ClientFlags {
+        fixed_newstyle: true,
+        no_zeroes: false,
+    };
+    client.stream.write_all(&flags.encode()).await.unwrap();
+    client.send_option(OPT_EXPORT_NAME, b"").await;
+    let mut reply = [0xffu8; EXPORT_NAME_REPLY_SHORT_BYTES + EXPORT_NAME_REPLY_ZEROES_BYTES];
+    tokio::io::AsyncReadExt::read_exact(&mut client.stream, &mut reply)
+        .await
+        .unwrap();
+    assert_eq!(ExportNameReply::decode(&reply).unwrap().size_bytes, SIZE);
+    assert!(reply[EXPORT_NAME_REPLY_SHORT_BYTES..]
+        .iter()
+        .all(|&b| b == 0));
+    client.send_request(0, CMD_READ, 1, 0, 8).await;
+    assert_eq!(client.read_reply(8).await.error(), 0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_replies_is_dropped() {
+    let (server, _) = start().await;
+    let socket = std::os::unix::net::UnixStream::connect(server.unix_path()).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let control = socket.try_clone().unwrap();
+    let mut client = RawClient {
+        stream: Box::pin(tokio::net::UnixStream::from_std(socket).unwrap()),
+    };
+    client.go("", true, false).await;
+    control.shutdown(std::net::Shutdown::Read).unwrap();
+    let dropped = within(10, async {
+        for handle in 0.. {
+            let header = RequestHeader {
+                flags: 0,
+                command_type: CMD_READ,
+                handle,
+                offset_bytes: 0,
+                length_bytes: 65536,
+            };
+            if client.stream.write_all(&header.encode()).await.is_err() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    })
+    .await;
+    assert!(dropped);
+    still_works(&server).await;
     server.stop().await;
 }
