@@ -12,7 +12,8 @@ pub struct ServerConfig {
     /// Time a client has from connecting to entering transmission.
     pub handshake_timeout_ms: u64,
     /// On shutdown, time in-flight requests get to finish before the
-    /// remaining connections are cut.
+    /// remaining connections are cut (requests still in the device then
+    /// are cancelled: their futures are dropped).
     pub shutdown_grace_ms: u64,
 }
 

@@ -17,7 +17,7 @@ use std::task::Poll;
 use nbd_proto::consts::*;
 use nbd_proto::RequestHeader;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::config::ServerConfig;
@@ -85,6 +85,9 @@ struct Connection<D> {
     limits: Limits,
     /// Requests that had to wait and run in their own task.
     requests_in_tasks: Arc<AtomicUsize>,
+    /// Notified when the connection is torn down: request tasks still
+    /// waiting on the device (past the shutdown grace) give up.
+    cancel: Arc<Notify>,
 }
 
 /// Serves requests until the client leaves, breaks the protocol, or `stop`
@@ -104,10 +107,13 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
         params: export.params,
         has_meta_context: export.base_allocation_id.is_some(),
     };
+    let cancel = Arc::new(Notify::new());
+    let mut cancel_if_cut = CancelOnDrop(Some(Arc::clone(&cancel)));
     let connection = Arc::new(Connection {
         export,
         limits,
         requests_in_tasks,
+        cancel,
     });
     let permit_count = config
         .max_in_flight_per_connection
@@ -129,6 +135,7 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
         Finish::Reader(end) => (end, (&mut writer.0).await),
         Finish::Writer(result) => (End::WriteFailed(io::Error::other("writer ended")), result),
     };
+    cancel_if_cut.0 = None;
     match written {
         Ok(Err(error)) if !end.is_fault() => End::WriteFailed(error),
         Err(error) if !end.is_fault() => End::WriteFailed(io::Error::other(error)),
@@ -140,6 +147,19 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
 enum Finish {
     Reader(End),
     Writer(Result<io::Result<()>, tokio::task::JoinError>),
+}
+
+/// Cancels the request tasks of a connection when dropped armed: when the
+/// connection is cut at the end of the shutdown grace, not when it ends by
+/// itself (then running requests finish; their replies are dropped).
+struct CancelOnDrop(Option<Arc<Notify>>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.0.take() {
+            cancel.notify_waiters();
+        }
+    }
 }
 
 /// Aborts the task when dropped (a connection cut at the end of the
@@ -288,9 +308,14 @@ async fn dispatch<D: BlockDevice>(
     let finished = poll_fn(|context| Poll::Ready(task.as_mut().poll(context).is_ready())).await;
     if !finished {
         let requests_in_tasks = Arc::clone(&connection.requests_in_tasks);
+        let cancel = Arc::clone(&connection.cancel);
         requests_in_tasks.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            task.await;
+            tokio::select! {
+                biased;
+                () = &mut task => {}
+                () = cancel.notified() => {}
+            }
             requests_in_tasks.fetch_sub(1, Ordering::Relaxed);
         });
     }

@@ -48,6 +48,16 @@ async fn a_fast_request_overtakes_a_slow_one() {
     server.stop().await;
 }
 
+/// Waits until `count` reads are inside the device.
+async fn wait_for_reads(device: &HookDevice, count: usize) {
+    within(10, async {
+        while device.reads_in_device.load(Ordering::SeqCst) < count {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_requests_are_bounded_per_connection() {
     let gate = Arc::new(Semaphore::new(0));
@@ -65,14 +75,14 @@ async fn in_flight_requests_are_bounded_per_connection() {
             .send_request(0, CMD_READ, handle, handle * 512, 512)
             .await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for_reads(&device, 4).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(device.reads_in_device.load(Ordering::SeqCst), 4);
     // A second connection has its own budget.
     let mut other = RawClient::unix(&server.unix_path()).await;
     other.go("", true, false).await;
     other.send_request(0, CMD_READ, 99, 0, 512).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(device.reads_in_device.load(Ordering::SeqCst), 5);
+    wait_for_reads(&device, 5).await;
     gate.add_permits(1000);
     let mut handles: Vec<u64> = within(5, async {
         let mut handles = Vec::new();

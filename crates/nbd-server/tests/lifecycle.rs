@@ -133,6 +133,7 @@ async fn local_addrs_resolve_port_zero() {
 
 struct Running {
     dir: tempfile::TempDir,
+    device: Arc<HookDevice>,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -141,14 +142,32 @@ async fn run_gated(gate: Arc<Semaphore>, config: ServerConfig) -> Running {
     common::init_logging();
     let dir = tempfile::tempdir().unwrap();
     let device = Arc::new(HookDevice::gated(MemDevice::new(1 << 20), gate));
-    let provider = Arc::new(Exports::new().with("", "", device));
+    let provider = Arc::new(Exports::new().with("", "", Arc::clone(&device)));
     let addr = ListenAddr::Unix(dir.path().join("nbd.sock"));
     let server = Server::bind(provider, &[addr], config).await.unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(server.run(async {
         let _ = stopped.await;
     }));
-    Running { dir, stop, task }
+    Running {
+        dir,
+        device,
+        stop,
+        task,
+    }
+}
+
+async fn wait_for_read(device: &HookDevice) {
+    within(10, async {
+        while device
+            .reads_in_device
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 0
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,7 +186,7 @@ async fn shutdown_lets_in_flight_requests_finish() {
     idle.go("", false, false).await;
     let mut haggling = RawClient::unix(&path).await;
     haggling.greet().await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_for_read(&running.device).await;
 
     running.stop.send(()).unwrap();
     assert!(within(5, idle.closed_by_server()).await);
@@ -190,18 +209,29 @@ async fn shutdown_grace_cuts_stuck_requests() {
         shutdown_grace_ms: 300,
         ..ServerConfig::default()
     };
-    let running = run_gated(Arc::clone(&gate), config).await;
+    let mut running = run_gated(gate, config).await;
     let path = running.dir.path().join("nbd.sock");
     let mut stuck = RawClient::unix(&path).await;
     stuck.go("", true, false).await;
     stuck.send_request(0, CMD_READ, 1, 0, 512).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_for_read(&running.device).await;
     let started = Instant::now();
     running.stop.send(()).unwrap();
-    within(5, running.task).await.unwrap().unwrap();
+    within(5, &mut running.task).await.unwrap().unwrap();
     let elapsed = started.elapsed();
     assert!(elapsed >= Duration::from_millis(250), "{elapsed:?}");
     assert!(within(5, stuck.closed_by_server()).await);
     assert!(!path.exists());
-    gate.add_permits(10);
+    // The stuck read was cancelled, not left running.
+    within(5, async {
+        while running
+            .device
+            .reads_in_device
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }

@@ -40,6 +40,14 @@ impl HookDevice {
     }
 }
 
+struct InDevice<'a>(&'a AtomicUsize);
+
+impl Drop for InDevice<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl BlockDevice for HookDevice {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
@@ -52,6 +60,8 @@ impl BlockDevice for HookDevice {
     async fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
         let now = self.reads_in_device.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_reads_in_device.fetch_max(now, Ordering::SeqCst);
+        // Counts down even when the read is cancelled.
+        let _in_device = InDevice(&self.reads_in_device);
         if let Some(gate) = &self.gate {
             gate.acquire().await.unwrap().forget();
         }
@@ -60,9 +70,7 @@ impl BlockDevice for HookDevice {
                 tokio::time::sleep(delay).await;
             }
         }
-        let result = self.inner.read(offset_bytes, buf).await;
-        self.reads_in_device.fetch_sub(1, Ordering::SeqCst);
-        result
+        self.inner.read(offset_bytes, buf).await
     }
 
     async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
