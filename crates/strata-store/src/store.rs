@@ -1,0 +1,156 @@
+//! Opening a store from a path or URL.
+//!
+//! Accepted forms: a filesystem path or `file:///abs/path` (the embedded
+//! local-directory store, created if missing), and `memory://` (in-memory,
+//! for tests; gone when the process exits).
+
+use std::fmt;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {spec:?}: {reason}")]
+    Unusable { spec: String, reason: String },
+}
+
+/// A handle on an object store, cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    description: String,
+    /// Root directory when this is the embedded local store.
+    local_root: Option<PathBuf>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.description)
+    }
+}
+
+impl Store {
+    /// Opens the store that `spec` names (see the module doc).
+    pub fn open(spec: &str) -> Result<Store, StoreError> {
+        let unusable = |reason: String| StoreError::Unusable {
+            spec: spec.to_string(),
+            reason,
+        };
+        if spec == "memory://" || spec == "memory:" {
+            return Ok(Store::in_memory());
+        }
+        if let Some(rest) = spec.strip_prefix("file://") {
+            if !rest.starts_with('/') {
+                return Err(unusable("a file:// URL needs an absolute path".into()));
+            }
+            return Store::local(FsPath::new(rest)).map_err(unusable);
+        }
+        if let Some((scheme, _)) = spec.split_once("://") {
+            return Err(unusable(format!(
+                "the {scheme}:// scheme is not supported; use a directory path, \
+                 file:///path or memory://"
+            )));
+        }
+        Store::local(FsPath::new(spec)).map_err(unusable)
+    }
+
+    /// An in-memory store (tests).
+    pub fn in_memory() -> Store {
+        Store {
+            inner: Arc::new(InMemory::new()),
+            description: "memory://".to_string(),
+            local_root: None,
+        }
+    }
+
+    /// The embedded store: a local directory, created if missing.
+    pub fn local(dir: &FsPath) -> Result<Store, String> {
+        let dir = absolute(dir)?;
+        if dir.exists() && !dir.is_dir() {
+            return Err(format!("{} exists and is not a directory", dir.display()));
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
+        let fs = LocalFileSystem::new_with_prefix(&dir)
+            .map_err(|e| format!("cannot open directory {}: {e}", dir.display()))?;
+        Ok(Store {
+            inner: Arc::new(fs),
+            description: format!("file://{}", dir.display()),
+            local_root: Some(dir),
+        })
+    }
+
+    /// Wraps an existing object store (wrappers, other backends).
+    pub fn from_object_store(inner: Arc<dyn ObjectStore>, description: String) -> Store {
+        Store {
+            inner,
+            description,
+            local_root: None,
+        }
+    }
+
+    /// Makes an object just written survive power loss. The local
+    /// filesystem store of `object_store` renames a staging file into place
+    /// without `fsync`; strata releases journal space once an object is
+    /// stored, so for the embedded store it syncs the file and its directory.
+    /// Remote stores acknowledge durable writes; nothing to do there.
+    pub async fn make_durable(&self, location: &object_store::path::Path) -> std::io::Result<()> {
+        let Some(root) = &self.local_root else {
+            return Ok(());
+        };
+        let file = root.join(location.as_ref());
+        tokio::task::spawn_blocking(move || {
+            std::fs::File::open(&file)?.sync_all()?;
+            if let Some(dir) = file.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
+
+    /// The underlying object store.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
+    /// What the store is, for messages (never contains credentials).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+}
+
+fn absolute(dir: &FsPath) -> Result<PathBuf, String> {
+    if dir.as_os_str().is_empty() {
+        return Err("empty store path".to_string());
+    }
+    std::path::absolute(dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_paths_and_rejects_what_it_cannot_use() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let s = Store::open(dir.to_str().unwrap()).unwrap();
+        assert!(dir.is_dir());
+        assert!(s.description().starts_with("file:///"));
+        let url = format!("file://{}", dir.display());
+        assert!(Store::open(&url).is_ok());
+        let file = tmp.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let err = Store::open(file.to_str().unwrap()).unwrap_err().to_string();
+        assert!(err.contains("not a directory"), "{err}");
+        let err = Store::open("gopher://x/y").unwrap_err().to_string();
+        assert!(err.contains("not supported"), "{err}");
+        assert!(Store::open("memory://").is_ok());
+    }
+}

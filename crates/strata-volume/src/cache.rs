@@ -1,0 +1,162 @@
+//! A fixed-budget RAM cache (CLOCK eviction) with hit and miss counters.
+//!
+//! It owns cached copies of verified segment chunks and decoded segment
+//! indexes. Its budget is in bytes and never grows with the volume; its
+//! counters are exported so a cache that never hits shows (one seed's cache
+//! was silently disabled by a config bug for months).
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+struct Slot<K, V> {
+    key: K,
+    value: V,
+    cost_bytes: u64,
+    referenced: bool,
+}
+
+struct Inner<K, V> {
+    map: HashMap<K, usize>,
+    slots: Vec<Slot<K, V>>,
+    hand: usize,
+    used_bytes: u64,
+}
+
+/// Counters of one cache tier.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub insertions: u64,
+    pub evictions: u64,
+    pub used_bytes: u64,
+    pub budget_bytes: u64,
+}
+
+pub struct ClockCache<K, V> {
+    inner: Mutex<Inner<K, V>>,
+    budget_bytes: u64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    insertions: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> ClockCache<K, V> {
+    pub fn new(budget_bytes: u64) -> Self {
+        ClockCache {
+            inner: Mutex::new(Inner {
+                map: HashMap::new(),
+                slots: Vec::new(),
+                hand: 0,
+                used_bytes: 0,
+            }),
+            budget_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            insertions: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    pub fn get(&self, key: &K) -> Option<V> {
+        let mut inner = self.inner.lock();
+        let found = match inner.map.get(key).copied() {
+            Some(i) => {
+                inner.slots[i].referenced = true;
+                Some(inner.slots[i].value.clone())
+            }
+            None => None,
+        };
+        drop(inner);
+        let counter = if found.is_some() { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    /// Inserts `value`, evicting as needed; values costing more than the
+    /// whole budget are not cached.
+    pub fn insert(&self, key: K, value: V, cost_bytes: u64) {
+        if cost_bytes > self.budget_bytes {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        if inner.map.contains_key(&key) {
+            return;
+        }
+        while inner.used_bytes + cost_bytes > self.budget_bytes && !inner.slots.is_empty() {
+            self.evict_one(&mut inner);
+        }
+        inner.used_bytes += cost_bytes;
+        let idx = inner.slots.len();
+        inner.slots.push(Slot {
+            key: key.clone(),
+            value,
+            cost_bytes,
+            referenced: false,
+        });
+        inner.map.insert(key, idx);
+        self.insertions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn evict_one(&self, inner: &mut Inner<K, V>) {
+        loop {
+            if inner.hand >= inner.slots.len() {
+                inner.hand = 0;
+            }
+            let h = inner.hand;
+            if inner.slots[h].referenced {
+                inner.slots[h].referenced = false;
+                inner.hand += 1;
+                continue;
+            }
+            let victim = inner.slots.swap_remove(h);
+            inner.map.remove(&victim.key);
+            if h < inner.slots.len() {
+                let moved = inner.slots[h].key.clone();
+                inner.map.insert(moved, h);
+            }
+            inner.used_bytes -= victim.cost_bytes;
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            insertions: self.insertions.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            used_bytes: self.inner.lock().used_bytes,
+            budget_bytes: self.budget_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stays_within_budget_and_keeps_hot_entries() {
+        let c: ClockCache<u64, u64> = ClockCache::new(10 * 4096);
+        for k in 0..10 {
+            c.insert(k, k, 4096);
+        }
+        assert_eq!(c.get(&3), Some(3));
+        for k in 10..25 {
+            c.insert(k, k, 4096);
+            assert_eq!(c.get(&3), Some(3), "hot entry evicted at {k}");
+            assert!(c.stats().used_bytes <= 10 * 4096);
+        }
+        assert_eq!(c.get(&0), None);
+        let s = c.stats();
+        assert!(s.hits >= 16 && s.misses == 1 && s.evictions == 15, "{s:?}");
+        c.insert(99, 99, 11 * 4096);
+        assert_eq!(c.get(&99), None, "oversized values are not cached");
+    }
+}

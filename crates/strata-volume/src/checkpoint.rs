@@ -1,0 +1,180 @@
+//! Checkpoints: the extent map written out, so recovery need not replay the
+//! whole log.
+//!
+//! A checkpoint with seq S is the extent map after applying segments 1..=S,
+//! exactly: it is taken at the moment segment S is sealed (the open segment
+//! is empty then) and stored only after every segment up to S is in the
+//! store. Recovery loads it and replays segments S+1.. and the journal.
+//!
+//! ## Object layout (little endian)
+//!
+//! ```text
+//!   0  8  magic "STRATCKP"
+//!   8  2  version (1)
+//!  10  6  zero
+//!  16  8  seq
+//!  24 16  volume uuid
+//!  40 16  journal id   }
+//!  56  8  first_jseq   } journal span of segment `seq`, so a volume with
+//!  64  8  last_jseq    } no later segment knows where its journal resumes
+//!  72  8  end_lpos     }
+//!  80  8  volume size in bytes
+//!  88  8  extent_count
+//!  96  4  CRC32C of the extent records
+//! 100  4  CRC32C of bytes [0, 100)
+//! 104     extent_count x 24 bytes, sorted, non-overlapping:
+//!           0 8 volume offset  8 8 segment seq (u64::MAX: zeros)
+//!          16 4 data offset   20 4 length
+//! ```
+
+use crate::extent_map::{ExtentMap, ExtentRecord, Target, MAX_EXTENT_BYTES};
+use crate::journal::{le_u32, le_u64};
+use crate::segment::JournalSpan;
+
+const MAGIC: &[u8; 8] = b"STRATCKP";
+const VERSION: u16 = 1;
+const HEADER_BYTES: usize = 104;
+const RECORD_BYTES: usize = 24;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub seq: u64,
+    pub volume_uuid: [u8; 16],
+    pub span: JournalSpan,
+    pub volume_size_bytes: u64,
+}
+
+/// Serialises `map` as checkpoint `info.seq`.
+pub fn encode(info: &CheckpointInfo, map: &ExtentMap) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HEADER_BYTES + RECORD_BYTES * map.len());
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&[0u8; 6]);
+    b.extend_from_slice(&info.seq.to_le_bytes());
+    b.extend_from_slice(&info.volume_uuid);
+    b.extend_from_slice(&info.span.journal_id);
+    b.extend_from_slice(&info.span.first_jseq.to_le_bytes());
+    b.extend_from_slice(&info.span.last_jseq.to_le_bytes());
+    b.extend_from_slice(&info.span.end_lpos.to_le_bytes());
+    b.extend_from_slice(&info.volume_size_bytes.to_le_bytes());
+    b.extend_from_slice(&(map.len() as u64).to_le_bytes());
+    b.extend_from_slice(&[0u8; 8]);
+    for e in map.iter() {
+        let (seq, offset) = match e.target {
+            Target::Data { seq, offset } => (seq, offset as u32),
+            Target::Zero => (u64::MAX, 0),
+        };
+        b.extend_from_slice(&e.start.to_le_bytes());
+        b.extend_from_slice(&seq.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        b.extend_from_slice(&(e.len as u32).to_le_bytes());
+    }
+    let body_crc = crc32c::crc32c(&b[HEADER_BYTES..]);
+    b[96..100].copy_from_slice(&body_crc.to_le_bytes());
+    let header_crc = crc32c::crc32c(&b[0..100]);
+    b[100..104].copy_from_slice(&header_crc.to_le_bytes());
+    b
+}
+
+/// Verifies and loads a checkpoint.
+pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
+    if b.len() < HEADER_BYTES || &b[0..8] != MAGIC {
+        return Err("not a strata checkpoint (bad magic or truncated)".into());
+    }
+    let version = u16::from_le_bytes([b[8], b[9]]);
+    if version != VERSION {
+        return Err(format!("unsupported checkpoint version {version}"));
+    }
+    if crc32c::crc32c(&b[0..100]) != le_u32(&b[100..104]) {
+        return Err("checkpoint header checksum mismatch".into());
+    }
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(&b[24..40]);
+    let mut journal_id = [0u8; 16];
+    journal_id.copy_from_slice(&b[40..56]);
+    let info = CheckpointInfo {
+        seq: le_u64(&b[16..24]),
+        volume_uuid: uuid,
+        span: JournalSpan {
+            journal_id,
+            first_jseq: le_u64(&b[56..64]),
+            last_jseq: le_u64(&b[64..72]),
+            end_lpos: le_u64(&b[72..80]),
+        },
+        volume_size_bytes: le_u64(&b[80..88]),
+    };
+    let count = le_u64(&b[88..96]);
+    let body = &b[HEADER_BYTES..];
+    if Some(body.len() as u64) != count.checked_mul(RECORD_BYTES as u64) {
+        return Err(format!("checkpoint holds {} bytes of extents, header says {count} extents", body.len()));
+    }
+    if crc32c::crc32c(body) != le_u32(&b[96..100]) {
+        return Err("checkpoint extents checksum mismatch".into());
+    }
+    let mut map = ExtentMap::new();
+    let mut prev_end = 0u64;
+    for r in body.chunks_exact(RECORD_BYTES) {
+        let rec = decode_record(r);
+        let end = rec.start.checked_add(rec.len).ok_or("extent overflows")?;
+        if rec.start < prev_end || rec.len == 0 || rec.len > MAX_EXTENT_BYTES || end > info.volume_size_bytes {
+            return Err(format!("checkpoint extent out of order or bounds: {rec:?}"));
+        }
+        if let Target::Data { seq, .. } = rec.target {
+            if seq > info.seq {
+                return Err(format!("checkpoint {} refers to later segment {seq}", info.seq));
+            }
+        }
+        prev_end = end;
+        map.set(rec.start, rec.len, Some(rec.target));
+    }
+    Ok((info, map))
+}
+
+fn decode_record(r: &[u8]) -> ExtentRecord {
+    let seq = le_u64(&r[8..16]);
+    let target = if seq == u64::MAX {
+        Target::Zero
+    } else {
+        Target::Data {
+            seq,
+            offset: u64::from(le_u32(&r[16..20])),
+        }
+    };
+    ExtentRecord {
+        start: le_u64(&r[0..8]),
+        len: u64::from(le_u32(&r[20..24])),
+        target,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let mut map = ExtentMap::new();
+        map.set(0, 4096, Some(Target::Data { seq: 3, offset: 8192 }));
+        map.set(1 << 20, 1 << 21, Some(Target::Zero));
+        map.set(10_000, 17, Some(Target::Data { seq: 5, offset: 1 }));
+        let info = CheckpointInfo {
+            seq: 5,
+            volume_uuid: [1; 16],
+            span: JournalSpan { journal_id: [2; 16], first_jseq: 4, last_jseq: 9, end_lpos: 999 },
+            volume_size_bytes: 1 << 30,
+        };
+        let b = encode(&info, &map);
+        let (info2, map2) = decode(&b).unwrap();
+        assert_eq!(info2, info);
+        assert_eq!(map2.iter().collect::<Vec<_>>(), map.iter().collect::<Vec<_>>());
+        for i in [0, 17, 90, 110, b.len() - 1] {
+            let mut c = b.clone();
+            c[i] ^= 4;
+            assert!(decode(&c).is_err(), "byte {i}");
+        }
+        assert!(decode(&b[..b.len() - 3]).is_err());
+        let mut small = info;
+        small.volume_size_bytes = 4096;
+        assert!(decode(&encode(&small, &map)).is_err());
+    }
+}

@@ -1,0 +1,97 @@
+//! Engine configuration: every budget and limit, with defaults.
+
+use std::path::PathBuf;
+
+use crate::journal::MIN_RING_BYTES;
+
+const MIB: u64 = 1 << 20;
+
+/// Budgets and limits of the engine. Memory use is bounded by these, not by
+/// volume size (the extent map aside, which is O(extents)).
+#[derive(Debug, Clone)]
+pub struct VolumeConfig {
+    /// Local state: journals live in `<data_dir>/journals`.
+    pub data_dir: PathBuf,
+    /// A segment is sealed when its entries reach this many journal bytes.
+    pub segment_bytes: u64,
+    /// ... or when it is this old and not empty.
+    pub segment_max_age_ms: u64,
+    /// Unsealed plus sealed-but-not-uploaded data, per volume; writers wait
+    /// beyond it (back-pressure).
+    pub write_buffer_bytes: u64,
+    /// Size of each volume's journal ring.
+    pub journal_bytes: u64,
+    /// RAM cache of segment data, shared by all volumes of a server.
+    pub cache_bytes: u64,
+    /// Uploads in flight per volume.
+    pub max_parallel_uploads: usize,
+    /// A checkpoint is written every this many segments.
+    pub checkpoint_every_segments: u64,
+    /// Largest single write the engine accepts.
+    pub max_write_bytes: u64,
+}
+
+impl VolumeConfig {
+    pub fn new(data_dir: PathBuf) -> Self {
+        VolumeConfig {
+            data_dir,
+            segment_bytes: 16 * MIB,
+            segment_max_age_ms: 5_000,
+            write_buffer_bytes: 128 * MIB,
+            journal_bytes: 256 * MIB,
+            cache_bytes: 256 * MIB,
+            max_parallel_uploads: 4,
+            checkpoint_every_segments: 16,
+            max_write_bytes: 32 * MIB,
+        }
+    }
+
+    /// Checks that the budgets fit together (so no writer can wait forever).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.segment_bytes < MIB || self.segment_bytes > 1024 * MIB {
+            return Err(format!("segment size must be between 1 MiB and 1 GiB (got {} bytes)", self.segment_bytes));
+        }
+        let min_buffer = 2 * self.segment_bytes + self.max_write_bytes;
+        if self.write_buffer_bytes < min_buffer {
+            return Err(format!(
+                "write buffer ({} bytes) must hold two segments plus one maximal write: at least {min_buffer} bytes",
+                self.write_buffer_bytes
+            ));
+        }
+        let min_journal = (self.write_buffer_bytes + 2 * self.max_write_bytes).max(MIN_RING_BYTES);
+        if self.journal_bytes < min_journal {
+            return Err(format!(
+                "journal ({} bytes) must be at least the write buffer plus two maximal writes: {min_journal} bytes",
+                self.journal_bytes
+            ));
+        }
+        if self.journal_bytes % 4096 != 0 {
+            return Err("journal size must be a multiple of 4 KiB".into());
+        }
+        if self.max_parallel_uploads == 0 || self.checkpoint_every_segments == 0 {
+            return Err("parallel uploads and checkpoint interval must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub fn journal_dir(&self) -> PathBuf {
+        self.data_dir.join("journals")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_combinations_do_not() {
+        let c = VolumeConfig::new("/tmp".into());
+        c.validate().unwrap();
+        let mut bad = c.clone();
+        bad.journal_bytes = bad.write_buffer_bytes;
+        assert!(bad.validate().is_err());
+        let mut bad = c.clone();
+        bad.write_buffer_bytes = bad.segment_bytes;
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! The engine: the set of volumes in one store, and their administration.
+//!
+//! Owns the open volumes of a process (each opened once and shared by all
+//! its clients), the caches they share, and create / list / info / delete.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::{PutMode, PutOptions, PutPayload};
+use serde::Serialize;
+use strata_store::{validate_volume_name, ObjectNames, Store};
+
+use crate::config::VolumeConfig;
+use crate::error::VolumeError;
+use crate::manifest::Manifest;
+use crate::read_path::SharedCaches;
+use crate::recovery::{journal_path, list_segments, read_manifest, store_error};
+use crate::volume::Volume;
+
+/// Largest volume accepted: 1 PiB.
+pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
+
+/// What `volume list` and `volume info` report.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub size_bytes: u64,
+    pub uuid: String,
+    pub created_unix_ms: u64,
+    pub checkpoint_seq: Option<u64>,
+    pub segments: u64,
+    pub stored_bytes: u64,
+}
+
+pub struct Engine {
+    store: Store,
+    config: Arc<VolumeConfig>,
+    caches: Arc<SharedCaches>,
+    open: tokio::sync::Mutex<HashMap<String, Arc<Volume>>>,
+}
+
+impl Engine {
+    pub fn new(store: Store, config: VolumeConfig) -> Result<Engine, VolumeError> {
+        config.validate().map_err(VolumeError::Invalid)?;
+        Ok(Engine {
+            store,
+            caches: Arc::new(SharedCaches::new(config.cache_bytes)),
+            config: Arc::new(config),
+            open: tokio::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn caches(&self) -> &Arc<SharedCaches> {
+        &self.caches
+    }
+
+    /// Creates an empty volume; fails if the name is taken.
+    pub async fn create_volume(&self, name: &str, size_bytes: u64) -> Result<Manifest, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        if size_bytes == 0 || size_bytes % 512 != 0 || size_bytes > MAX_VOLUME_BYTES {
+            return Err(VolumeError::Invalid(format!(
+                "volume size must be a positive multiple of 512 bytes, at most 1 PiB (got {size_bytes})"
+            )));
+        }
+        let manifest = Manifest {
+            name: name.to_string(),
+            uuid: uuid::Uuid::new_v4().simple().to_string(),
+            size_bytes,
+            created_unix_ms: unix_ms(),
+            checkpoint_seq: None,
+            epoch: 0,
+        };
+        let path = ObjectNames::new(name).manifest();
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        let payload = PutPayload::from(Bytes::from(manifest.encode()));
+        match self.store.object_store().put_opts(&path, payload, opts).await {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => return Err(VolumeError::AlreadyExists(name.to_string())),
+            Err(e) => return Err(store_error(&self.store, "create", &path)(e)),
+        }
+        self.store.make_durable(&path).await.map_err(|source| VolumeError::Io {
+            what: format!("sync {path}"),
+            source,
+        })?;
+        Ok(manifest)
+    }
+
+    /// Every volume in the store, by name.
+    pub async fn list_volumes(&self) -> Result<Vec<VolumeInfo>, VolumeError> {
+        let listing = self
+            .store
+            .object_store()
+            .list_with_delimiter(None)
+            .await
+            .map_err(store_error(&self.store, "list", &object_store::path::Path::from("")))?;
+        let mut out = Vec::new();
+        for prefix in listing.common_prefixes {
+            let Some(name) = prefix.filename() else { continue };
+            if validate_volume_name(name).is_err() {
+                continue;
+            }
+            match self.volume_info(name).await {
+                Ok(info) => out.push(info),
+                Err(VolumeError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub async fn volume_info(&self, name: &str) -> Result<VolumeInfo, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        let m = read_manifest(&self.store, name).await?;
+        let segs = list_segments(&self.store, &ObjectNames::new(name)).await?;
+        Ok(VolumeInfo {
+            name: m.name,
+            size_bytes: m.size_bytes,
+            uuid: m.uuid,
+            created_unix_ms: m.created_unix_ms,
+            checkpoint_seq: m.checkpoint_seq,
+            segments: segs.len() as u64,
+            stored_bytes: segs.iter().map(|s| s.1).sum(),
+        })
+    }
+
+    /// Deletes a volume and everything it stored; refused while it is open
+    /// in this process.
+    pub async fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        if self.open.lock().await.contains_key(name) {
+            return Err(VolumeError::Invalid(format!("volume {name:?} is being served; stop serving it first")));
+        }
+        let manifest = read_manifest(&self.store, name).await?;
+        let names = ObjectNames::new(name);
+        let os = self.store.object_store();
+        // The manifest goes first: from then on the volume does not exist,
+        // whatever happens to the rest.
+        os.delete(&names.manifest())
+            .await
+            .map_err(store_error(&self.store, "delete", &names.manifest()))?;
+        let prefix = names.volume_prefix();
+        let objects: Vec<_> = os
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(store_error(&self.store, "list", &prefix))?;
+        for o in objects {
+            match os.delete(&o.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(store_error(&self.store, "delete", &o.location)(e)),
+            }
+        }
+        if let Ok(uuid) = manifest.uuid_bytes() {
+            let jpath = journal_path(&self.config, name, &uuid);
+            match std::fs::remove_file(&jpath) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(VolumeError::Io {
+                        what: format!("remove journal {}", jpath.display()),
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The open volume `name`, opening (recovering) it on first use.
+    pub async fn open_volume(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        let mut open = self.open.lock().await;
+        if let Some(v) = open.get(name) {
+            return Ok(v.clone());
+        }
+        let v = Volume::open(self.store.clone(), name, self.config.clone(), self.caches.clone()).await?;
+        open.insert(name.to_string(), v.clone());
+        Ok(v)
+    }
+
+    /// Closes every open volume cleanly.
+    pub async fn close_all(&self) -> Result<(), VolumeError> {
+        let volumes: Vec<_> = self.open.lock().await.drain().map(|(_, v)| v).collect();
+        let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;
+        results.into_iter().collect()
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

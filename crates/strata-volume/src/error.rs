@@ -1,0 +1,56 @@
+//! Errors of the engine. Each says what failed and, where it can, what to do.
+
+use crate::journal::JournalError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volume {0:?} does not exist")]
+    NotFound(String),
+    #[error("volume {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("range {offset}+{len} is beyond the end of the volume ({size} bytes)")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("object store {store}: {op} {path}: {source}")]
+    Store {
+        store: String,
+        op: &'static str,
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("corrupt object {path}: {detail}")]
+    Corrupt { path: String, detail: String },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("volume {0:?} is closed")]
+    Closed(String),
+    #[error("volume {name:?} stopped accepting writes: {detail}")]
+    Failed { name: String, detail: String },
+}
+
+impl VolumeError {
+    /// The `std::io::ErrorKind` a block client should see for this error.
+    pub fn io_kind(&self) -> std::io::ErrorKind {
+        use std::io::ErrorKind;
+        match self {
+            VolumeError::NotFound(_) => ErrorKind::NotFound,
+            VolumeError::Invalid(_) => ErrorKind::InvalidInput,
+            VolumeError::OutOfRange { .. } => ErrorKind::InvalidInput,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+impl From<VolumeError> for std::io::Error {
+    fn from(e: VolumeError) -> Self {
+        std::io::Error::new(e.io_kind(), e.to_string())
+    }
+}
