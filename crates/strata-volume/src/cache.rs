@@ -72,7 +72,11 @@ impl<K: Hash + Eq + Clone, V: Clone> ClockCache<K, V> {
             None => None,
         };
         drop(inner);
-        let counter = if found.is_some() { &self.hits } else { &self.misses };
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
         counter.fetch_add(1, Ordering::Relaxed);
         found
     }

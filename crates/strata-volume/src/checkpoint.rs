@@ -106,7 +106,10 @@ pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
     let count = le_u64(&b[88..96]);
     let body = &b[HEADER_BYTES..];
     if Some(body.len() as u64) != count.checked_mul(RECORD_BYTES as u64) {
-        return Err(format!("checkpoint holds {} bytes of extents, header says {count} extents", body.len()));
+        return Err(format!(
+            "checkpoint holds {} bytes of extents, header says {count} extents",
+            body.len()
+        ));
     }
     if crc32c::crc32c(body) != le_u32(&b[96..100]) {
         return Err("checkpoint extents checksum mismatch".into());
@@ -116,12 +119,19 @@ pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
     for r in body.chunks_exact(RECORD_BYTES) {
         let rec = decode_record(r);
         let end = rec.start.checked_add(rec.len).ok_or("extent overflows")?;
-        if rec.start < prev_end || rec.len == 0 || rec.len > MAX_EXTENT_BYTES || end > info.volume_size_bytes {
+        if rec.start < prev_end
+            || rec.len == 0
+            || rec.len > MAX_EXTENT_BYTES
+            || end > info.volume_size_bytes
+        {
             return Err(format!("checkpoint extent out of order or bounds: {rec:?}"));
         }
         if let Target::Data { seq, .. } = rec.target {
             if seq > info.seq {
-                return Err(format!("checkpoint {} refers to later segment {seq}", info.seq));
+                return Err(format!(
+                    "checkpoint {} refers to later segment {seq}",
+                    info.seq
+                ));
             }
         }
         prev_end = end;
@@ -154,19 +164,34 @@ mod tests {
     #[test]
     fn round_trip_and_corruption() {
         let mut map = ExtentMap::new();
-        map.set(0, 4096, Some(Target::Data { seq: 3, offset: 8192 }));
+        map.set(
+            0,
+            4096,
+            Some(Target::Data {
+                seq: 3,
+                offset: 8192,
+            }),
+        );
         map.set(1 << 20, 1 << 21, Some(Target::Zero));
         map.set(10_000, 17, Some(Target::Data { seq: 5, offset: 1 }));
         let info = CheckpointInfo {
             seq: 5,
             volume_uuid: [1; 16],
-            span: JournalSpan { journal_id: [2; 16], first_jseq: 4, last_jseq: 9, end_lpos: 999 },
+            span: JournalSpan {
+                journal_id: [2; 16],
+                first_jseq: 4,
+                last_jseq: 9,
+                end_lpos: 999,
+            },
             volume_size_bytes: 1 << 30,
         };
         let b = encode(&info, &map);
         let (info2, map2) = decode(&b).unwrap();
         assert_eq!(info2, info);
-        assert_eq!(map2.iter().collect::<Vec<_>>(), map.iter().collect::<Vec<_>>());
+        assert_eq!(
+            map2.iter().collect::<Vec<_>>(),
+            map.iter().collect::<Vec<_>>()
+        );
         for i in [0, 17, 90, 110, b.len() - 1] {
             let mut c = b.clone();
             c[i] ^= 4;

@@ -49,7 +49,10 @@ impl VolumeConfig {
     /// Checks that the budgets fit together (so no writer can wait forever).
     pub fn validate(&self) -> Result<(), String> {
         if self.segment_bytes < MIB || self.segment_bytes > 1024 * MIB {
-            return Err(format!("segment size must be between 1 MiB and 1 GiB (got {} bytes)", self.segment_bytes));
+            return Err(format!(
+                "segment size must be between 1 MiB and 1 GiB (got {} bytes)",
+                self.segment_bytes
+            ));
         }
         let min_buffer = 2 * self.segment_bytes + self.max_write_bytes;
         if self.write_buffer_bytes < min_buffer {

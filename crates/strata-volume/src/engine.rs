@@ -56,12 +56,20 @@ impl Engine {
         &self.store
     }
 
+    pub fn config(&self) -> &VolumeConfig {
+        &self.config
+    }
+
     pub fn caches(&self) -> &Arc<SharedCaches> {
         &self.caches
     }
 
     /// Creates an empty volume; fails if the name is taken.
-    pub async fn create_volume(&self, name: &str, size_bytes: u64) -> Result<Manifest, VolumeError> {
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<Manifest, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         if size_bytes == 0 || size_bytes % 512 != 0 || size_bytes > MAX_VOLUME_BYTES {
             return Err(VolumeError::Invalid(format!(
@@ -82,15 +90,25 @@ impl Engine {
             ..PutOptions::default()
         };
         let payload = PutPayload::from(Bytes::from(manifest.encode()));
-        match self.store.object_store().put_opts(&path, payload, opts).await {
+        match self
+            .store
+            .object_store()
+            .put_opts(&path, payload, opts)
+            .await
+        {
             Ok(_) => {}
-            Err(object_store::Error::AlreadyExists { .. }) => return Err(VolumeError::AlreadyExists(name.to_string())),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(VolumeError::AlreadyExists(name.to_string()))
+            }
             Err(e) => return Err(store_error(&self.store, "create", &path)(e)),
         }
-        self.store.make_durable(&path).await.map_err(|source| VolumeError::Io {
-            what: format!("sync {path}"),
-            source,
-        })?;
+        self.store
+            .make_durable(&path)
+            .await
+            .map_err(|source| VolumeError::Io {
+                what: format!("sync {path}"),
+                source,
+            })?;
         Ok(manifest)
     }
 
@@ -101,10 +119,16 @@ impl Engine {
             .object_store()
             .list_with_delimiter(None)
             .await
-            .map_err(store_error(&self.store, "list", &object_store::path::Path::from("")))?;
+            .map_err(store_error(
+                &self.store,
+                "list",
+                &object_store::path::Path::from(""),
+            ))?;
         let mut out = Vec::new();
         for prefix in listing.common_prefixes {
-            let Some(name) = prefix.filename() else { continue };
+            let Some(name) = prefix.filename() else {
+                continue;
+            };
             if validate_volume_name(name).is_err() {
                 continue;
             }
@@ -138,16 +162,20 @@ impl Engine {
     pub async fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         if self.open.lock().await.contains_key(name) {
-            return Err(VolumeError::Invalid(format!("volume {name:?} is being served; stop serving it first")));
+            return Err(VolumeError::Invalid(format!(
+                "volume {name:?} is being served; stop serving it first"
+            )));
         }
         let manifest = read_manifest(&self.store, name).await?;
         let names = ObjectNames::new(name);
         let os = self.store.object_store();
         // The manifest goes first: from then on the volume does not exist,
         // whatever happens to the rest.
-        os.delete(&names.manifest())
-            .await
-            .map_err(store_error(&self.store, "delete", &names.manifest()))?;
+        os.delete(&names.manifest()).await.map_err(store_error(
+            &self.store,
+            "delete",
+            &names.manifest(),
+        ))?;
         let prefix = names.volume_prefix();
         let objects: Vec<_> = os
             .list(Some(&prefix))
@@ -183,7 +211,13 @@ impl Engine {
         if let Some(v) = open.get(name) {
             return Ok(v.clone());
         }
-        let v = Volume::open(self.store.clone(), name, self.config.clone(), self.caches.clone()).await?;
+        let v = Volume::open(
+            self.store.clone(),
+            name,
+            self.config.clone(),
+            self.caches.clone(),
+        )
+        .await?;
         open.insert(name.to_string(), v.clone());
         Ok(v)
     }

@@ -110,7 +110,10 @@ impl ExtentMap {
                     len: piece as u32,
                 },
                 Target::Data { seq, offset } => {
-                    assert!(offset + done + piece <= u64::from(u32::MAX), "segment offset");
+                    assert!(
+                        offset + done + piece <= u64::from(u32::MAX),
+                        "segment offset"
+                    );
                     Ext {
                         seq,
                         offset: (offset + done) as u32,
@@ -305,7 +308,14 @@ mod tests {
     fn sequential_writes_merge_into_one_extent() {
         let mut map = ExtentMap::new();
         for i in 0..100u64 {
-            map.set(i * 4096, 4096, Some(Target::Data { seq: 1, offset: i * 4096 }));
+            map.set(
+                i * 4096,
+                4096,
+                Some(Target::Data {
+                    seq: 1,
+                    offset: i * 4096,
+                }),
+            );
         }
         assert_eq!(map.len(), 1);
         map.set(4096, 4096, None);

@@ -170,7 +170,13 @@ fn record_crc(journal_id: &[u8; 16], header: &[u8], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, payload)
 }
 
-fn encode_header(kind: RecordKind, jseq: u64, offset: u64, len: u64, payload_bytes: u32) -> [u8; 40] {
+fn encode_header(
+    kind: RecordKind,
+    jseq: u64,
+    offset: u64,
+    len: u64,
+    payload_bytes: u32,
+) -> [u8; 40] {
     let mut h = [0u8; 40];
     h[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
     h[4] = kind as u8;
@@ -442,14 +448,32 @@ impl Journal {
         let jseq = st.next_jseq;
         if waste > 0 {
             if waste >= RECORD_HEADER_BYTES {
-                push_record(&mut st, phys, &self.sb.journal_id, RecordKind::Wrap, jseq, 0, 0, &[]);
+                push_record(
+                    &mut st,
+                    phys,
+                    &self.sb.journal_id,
+                    RecordKind::Wrap,
+                    jseq,
+                    0,
+                    0,
+                    &[],
+                );
             }
             st.head_lpos += waste;
             let at = st.pending.len();
             st.runs.push((0, at));
         }
         let phys = st.head_lpos % ring;
-        push_record(&mut st, phys, &self.sb.journal_id, kind, jseq, offset, len, payload);
+        push_record(
+            &mut st,
+            phys,
+            &self.sb.journal_id,
+            kind,
+            jseq,
+            offset,
+            len,
+            payload,
+        );
         st.head_lpos += rec;
         st.next_jseq += 1;
         let end = st.head_lpos;
@@ -564,10 +588,14 @@ struct Batch {
 
 fn writer_loop(file: &File, shared: &Shared, ring: u64) {
     loop {
-        let Some(batch) = next_batch(shared) else { return };
+        let Some(batch) = next_batch(shared) else {
+            return;
+        };
         let result = write_batch(file, &batch, ring);
         let result = result.and_then(|()| {
-            shared.written_jseq.store(batch.last_jseq, Ordering::Release);
+            shared
+                .written_jseq
+                .store(batch.last_jseq, Ordering::Release);
             if batch.sync_to > shared.synced_jseq.load(Ordering::Acquire) {
                 file.sync_data()?;
                 shared.synced_jseq.store(batch.last_jseq, Ordering::Release);
@@ -620,7 +648,10 @@ fn write_batch(file: &File, batch: &Batch, ring: u64) -> io::Result<()> {
         if end == start {
             continue;
         }
-        assert!(phys + (end - start) as u64 <= ring, "journal run crosses the ring's end");
+        assert!(
+            phys + (end - start) as u64 <= ring,
+            "journal run crosses the ring's end"
+        );
         file.write_all_at(&batch.buf[start..end], SUPERBLOCK_BYTES + phys)?;
     }
     Ok(())
@@ -653,7 +684,9 @@ mod tests {
         for i in 0..700u64 {
             let payload = vec![(i % 251) as u8; 3000 + (i as usize % 7) * 100];
             let r = loop {
-                if let Some(r) = j.try_append(RecordKind::Write, i * 512, payload.len() as u64, &payload) {
+                if let Some(r) =
+                    j.try_append(RecordKind::Write, i * 512, payload.len() as u64, &payload)
+                {
                     break r;
                 }
                 j.wait_written(last.0).await.unwrap();
@@ -666,11 +699,17 @@ mod tests {
         j.sync(last.0).await.unwrap();
         drop(j);
         // Scan from the release point: every later record, in order.
-        let start_idx = all.iter().position(|&(_, end, _)| end == released).map_or(0, |i| i + 1);
+        let start_idx = all
+            .iter()
+            .position(|&(_, end, _)| end == released)
+            .map_or(0, |i| i + 1);
         let start = if start_idx == 0 {
             Position { lpos: 0, jseq: 1 }
         } else {
-            Position { lpos: all[start_idx - 1].1, jseq: all[start_idx].0 }
+            Position {
+                lpos: all[start_idx - 1].1,
+                jseq: all[start_idx].0,
+            }
         };
         let mut s = Scanner::open(&path, sb(ring), start).unwrap();
         let mut n = 0;
@@ -690,7 +729,9 @@ mod tests {
         let path = dir.path().join("v.journal");
         let ring = MIN_RING_BYTES;
         create(&path, sb(ring)).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0).unwrap();
         for i in 0..3u64 {
             j.try_append(RecordKind::Write, i, 8, &[7u8; 8]).unwrap();
@@ -709,10 +750,15 @@ mod tests {
         assert_eq!(count(sb(ring)), 4);
         let mut other = sb(ring);
         other.journal_id = [3; 16];
-        assert_eq!(count(other), 0, "another journal instance's records must not replay");
+        assert_eq!(
+            count(other),
+            0,
+            "another journal instance's records must not replay"
+        );
         // Flip one payload byte of record 2: the scan stops before it.
         let f = OpenOptions::new().write(true).open(&path).unwrap();
-        f.write_all_at(&[0xff], SUPERBLOCK_BYTES + record_bytes(8) + 41).unwrap();
+        f.write_all_at(&[0xff], SUPERBLOCK_BYTES + record_bytes(8) + 41)
+            .unwrap();
         assert_eq!(count(sb(ring)), 1);
         assert!(read_superblock(&path).unwrap().is_some());
         f.write_all_at(&[0xff], 20).unwrap();

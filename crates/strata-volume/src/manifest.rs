@@ -40,7 +40,8 @@ pub struct Manifest {
 
 impl Manifest {
     pub fn uuid_bytes(&self) -> Result<[u8; 16], String> {
-        let u = uuid::Uuid::parse_str(&self.uuid).map_err(|e| format!("bad uuid in manifest: {e}"))?;
+        let u =
+            uuid::Uuid::parse_str(&self.uuid).map_err(|e| format!("bad uuid in manifest: {e}"))?;
         Ok(*u.as_bytes())
     }
 
@@ -73,7 +74,8 @@ impl Manifest {
         if crc32c::crc32c(body) != le_u32(&b[16..20]) {
             return Err("manifest checksum mismatch".into());
         }
-        let m: Manifest = serde_json::from_slice(body).map_err(|e| format!("manifest body: {e}"))?;
+        let m: Manifest =
+            serde_json::from_slice(body).map_err(|e| format!("manifest body: {e}"))?;
         m.uuid_bytes()?;
         Ok(m)
     }

@@ -69,7 +69,8 @@ impl Volume {
                 source,
             })?;
         self.store_reads.fetch_add(1, Ordering::Relaxed);
-        self.store_read_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.store_read_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if bytes.len() as u64 != want {
             return Err(self.corrupt(seq, format!("short read: {} of {want} bytes", bytes.len())));
         }
@@ -90,23 +91,38 @@ impl Volume {
     }
 
     /// Fetches and verifies a stored segment's header and tables.
-    pub(crate) async fn fetch_segment_header(&self, seq: u64) -> Result<(SegmentIndex, Vec<crate::segment::Entry>), VolumeError> {
+    pub(crate) async fn fetch_segment_header(
+        &self,
+        seq: u64,
+    ) -> Result<(SegmentIndex, Vec<crate::segment::Entry>), VolumeError> {
         let head = self.get_range(seq, 0..FIXED_HEADER_BYTES as u64).await?;
         let fixed = FixedHeader::decode(&head).map_err(|d| self.corrupt(seq, d))?;
         if fixed.seq != seq || fixed.volume_uuid != self.uuid {
             return Err(self.corrupt(seq, "segment belongs to another volume or position".into()));
         }
         let tables = self
-            .get_range(seq, FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes))
+            .get_range(
+                seq,
+                FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes),
+            )
             .await?;
-        SegmentIndex::decode_tables(fixed, &tables, self.size_bytes).map_err(|d| self.corrupt(seq, d))
+        SegmentIndex::decode_tables(fixed, &tables, self.size_bytes)
+            .map_err(|d| self.corrupt(seq, d))
     }
 
     /// Reads `len` bytes at `offset` of stored segment `seq`'s data.
-    pub(crate) async fn read_segment(&self, seq: u64, offset: u64, len: u64) -> Result<Vec<u8>, VolumeError> {
+    pub(crate) async fn read_segment(
+        &self,
+        seq: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, VolumeError> {
         let idx = self.segment_index(seq).await?;
         if offset + len > idx.fixed.data_bytes {
-            return Err(self.corrupt(seq, format!("map points past the data end ({offset}+{len})")));
+            return Err(self.corrupt(
+                seq,
+                format!("map points past the data end ({offset}+{len})"),
+            ));
         }
         let first = offset / CHUNK_BYTES;
         let last = (offset + len - 1) / CHUNK_BYTES;
@@ -114,7 +130,10 @@ impl Volume {
             .map(|c| self.caches.chunks.get(&(self.uuid, seq, c)))
             .collect();
         let runs = missing_runs(&chunks, first);
-        let fetched = futures::future::try_join_all(runs.iter().map(|r| self.fetch_chunks(&idx, seq, r.clone()))).await?;
+        let fetched = futures::future::try_join_all(
+            runs.iter().map(|r| self.fetch_chunks(&idx, seq, r.clone())),
+        )
+        .await?;
         for (run, bytes) in runs.iter().zip(fetched) {
             for (i, c) in (run.start..run.end).enumerate() {
                 let at = i * CHUNK_BYTES as usize;
@@ -125,7 +144,9 @@ impl Volume {
         let mut out = Vec::with_capacity(len as usize);
         let mut pos = offset;
         for (i, chunk) in chunks.iter().enumerate() {
-            let chunk = chunk.as_ref().ok_or_else(|| self.corrupt(seq, "chunk missing after fetch".into()))?;
+            let chunk = chunk
+                .as_ref()
+                .ok_or_else(|| self.corrupt(seq, "chunk missing after fetch".into()))?;
             let chunk_start = (first + i as u64) * CHUNK_BYTES;
             let from = (pos - chunk_start) as usize;
             let to = ((offset + len).min(chunk_start + CHUNK_BYTES) - chunk_start) as usize;
@@ -139,12 +160,22 @@ impl Volume {
     }
 
     /// One ranged GET for chunks `run`, verified and cached.
-    async fn fetch_chunks(&self, idx: &SegmentIndex, seq: u64, run: Range<u64>) -> Result<Bytes, VolumeError> {
-        let bytes = self.get_range(seq, idx.chunk_range(run.start, run.end - 1)).await?;
-        idx.verify(run.start, &bytes).map_err(|d| self.corrupt(seq, d))?;
+    async fn fetch_chunks(
+        &self,
+        idx: &SegmentIndex,
+        seq: u64,
+        run: Range<u64>,
+    ) -> Result<Bytes, VolumeError> {
+        let bytes = self
+            .get_range(seq, idx.chunk_range(run.start, run.end - 1))
+            .await?;
+        idx.verify(run.start, &bytes)
+            .map_err(|d| self.corrupt(seq, d))?;
         for (i, chunk) in bytes.chunks(CHUNK_BYTES as usize).enumerate() {
             let copy = Bytes::copy_from_slice(chunk);
-            self.caches.chunks.insert((self.uuid, seq, run.start + i as u64), copy, CHUNK_BYTES);
+            self.caches
+                .chunks
+                .insert((self.uuid, seq, run.start + i as u64), copy, CHUNK_BYTES);
         }
         Ok(bytes)
     }

@@ -35,10 +35,19 @@ use crate::read_path::SharedCaches;
 use crate::segment::{EntryKind, JournalSpan, OpenSegment};
 use crate::volume::{apply_op, State, Volume};
 
-pub(crate) fn store_error(store: &Store, op: &'static str, path: &object_store::path::Path) -> impl FnOnce(object_store::Error) -> VolumeError {
+pub(crate) fn store_error(
+    store: &Store,
+    op: &'static str,
+    path: &object_store::path::Path,
+) -> impl FnOnce(object_store::Error) -> VolumeError {
     let store = store.description().to_string();
     let path = path.to_string();
-    move |source| VolumeError::Store { store, op, path, source }
+    move |source| VolumeError::Store {
+        store,
+        op,
+        path,
+        source,
+    }
 }
 
 /// Reads and verifies a volume's manifest.
@@ -47,7 +56,9 @@ pub(crate) async fn read_manifest(store: &Store, name: &str) -> Result<Manifest,
     let got = store.object_store().get(&path).await;
     let bytes = match got {
         Ok(r) => r.bytes().await.map_err(store_error(store, "read", &path))?,
-        Err(object_store::Error::NotFound { .. }) => return Err(VolumeError::NotFound(name.to_string())),
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(VolumeError::NotFound(name.to_string()))
+        }
         Err(e) => return Err(store_error(store, "read", &path)(e)),
     };
     let m = Manifest::decode(&bytes).map_err(|detail| VolumeError::Corrupt {
@@ -64,7 +75,10 @@ pub(crate) async fn read_manifest(store: &Store, name: &str) -> Result<Manifest,
 }
 
 /// Sequence numbers of a volume's stored segments, sorted.
-pub(crate) async fn list_segments(store: &Store, names: &ObjectNames) -> Result<Vec<(u64, u64)>, VolumeError> {
+pub(crate) async fn list_segments(
+    store: &Store,
+    names: &ObjectNames,
+) -> Result<Vec<(u64, u64)>, VolumeError> {
     let prefix = names.segments_prefix();
     let metas: Vec<_> = store
         .object_store()
@@ -94,7 +108,12 @@ struct Recovered {
 
 impl Volume {
     /// Opens (and recovers) volume `name`.
-    pub async fn open(store: Store, name: &str, config: Arc<VolumeConfig>, caches: Arc<SharedCaches>) -> Result<Arc<Volume>, VolumeError> {
+    pub async fn open(
+        store: Store,
+        name: &str,
+        config: Arc<VolumeConfig>,
+        caches: Arc<SharedCaches>,
+    ) -> Result<Arc<Volume>, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
         let manifest = read_manifest(&store, name).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
@@ -103,7 +122,10 @@ impl Volume {
         let rec = recover_from_store(&store, &names, &manifest, uuid).await?;
         let jpath = journal_path(&config, name, &uuid);
         std::fs::create_dir_all(config.journal_dir()).map_err(|source| VolumeError::Io {
-            what: format!("create journal directory {}", config.journal_dir().display()),
+            what: format!(
+                "create journal directory {}",
+                config.journal_dir().display()
+            ),
             source,
         })?;
         let (sb, start) = choose_journal(&jpath, &config, uuid, rec.span)?;
@@ -120,7 +142,8 @@ impl Volume {
             checkpoint_done_seq: rec.checkpoint_seq,
             failed: None,
         };
-        let (head, replayed) = replay_journal(&jpath, sb, start, &mut st, &config, manifest.size_bytes)?;
+        let (head, replayed) =
+            replay_journal(&jpath, sb, start, &mut st, &config, manifest.size_bytes)?;
         let journal = Journal::open(&jpath, sb, head, start.lpos)?;
         let vol = Arc::new(Volume {
             name: name.to_string(),
@@ -161,7 +184,8 @@ impl Volume {
     /// Seals segments that are old enough, so idle volumes reach the store.
     fn start_age_sealer(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
-        let period = std::time::Duration::from_millis((self.config.segment_max_age_ms / 4).clamp(50, 1000));
+        let period =
+            std::time::Duration::from_millis((self.config.segment_max_age_ms / 4).clamp(50, 1000));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             loop {
@@ -176,7 +200,12 @@ impl Volume {
     }
 }
 
-async fn recover_from_store(store: &Store, names: &ObjectNames, manifest: &Manifest, uuid: [u8; 16]) -> Result<Recovered, VolumeError> {
+async fn recover_from_store(
+    store: &Store,
+    names: &ObjectNames,
+    manifest: &Manifest,
+    uuid: [u8; 16],
+) -> Result<Recovered, VolumeError> {
     let (mut map, base, mut span) = match manifest.checkpoint_seq {
         Some(seq) => {
             let path = names.checkpoint(seq);
@@ -188,9 +217,15 @@ async fn recover_from_store(store: &Store, names: &ObjectNames, manifest: &Manif
                 .bytes()
                 .await
                 .map_err(store_error(store, "read", &path))?;
-            let corrupt = |detail: String| VolumeError::Corrupt { path: path.to_string(), detail };
+            let corrupt = |detail: String| VolumeError::Corrupt {
+                path: path.to_string(),
+                detail,
+            };
             let (info, map) = checkpoint::decode(&bytes).map_err(corrupt)?;
-            if info.seq != seq || info.volume_uuid != uuid || info.volume_size_bytes != manifest.size_bytes {
+            if info.seq != seq
+                || info.volume_uuid != uuid
+                || info.volume_size_bytes != manifest.size_bytes
+            {
                 return Err(corrupt("checkpoint does not match the manifest".into()));
             }
             (map, seq, Some(info.span))
@@ -208,7 +243,10 @@ async fn recover_from_store(store: &Store, names: &ObjectNames, manifest: &Manif
         let (_, entries) = fetch_header(store, names, seq, uuid, manifest.size_bytes).await?;
         for e in &entries.1 {
             let target = match e.kind {
-                EntryKind::Write => Some(Target::Data { seq, offset: e.data_offset }),
+                EntryKind::Write => Some(Target::Data {
+                    seq,
+                    offset: e.data_offset,
+                }),
                 EntryKind::Zero => Some(Target::Zero),
                 EntryKind::Unmap => None,
             };
@@ -220,25 +258,54 @@ async fn recover_from_store(store: &Store, names: &ObjectNames, manifest: &Manif
     for seq in orphans {
         tracing::warn!(volume = %names.volume_prefix(), seq, "deleting segment stored after a missing one; the journal replays its writes");
         let path = names.segment(seq);
-        store.object_store().delete(&path).await.map_err(store_error(store, "delete", &path))?;
+        store
+            .object_store()
+            .delete(&path)
+            .await
+            .map_err(store_error(store, "delete", &path))?;
     }
-    Ok(Recovered { map, next_seq: next, span, checkpoint_seq: base })
+    Ok(Recovered {
+        map,
+        next_seq: next,
+        span,
+        checkpoint_seq: base,
+    })
 }
 
-type HeaderAndEntries = (crate::segment::SegmentIndex, (JournalSpan, Vec<crate::segment::Entry>));
+type HeaderAndEntries = (
+    crate::segment::SegmentIndex,
+    (JournalSpan, Vec<crate::segment::Entry>),
+);
 
-async fn fetch_header(store: &Store, names: &ObjectNames, seq: u64, uuid: [u8; 16], size: u64) -> Result<HeaderAndEntries, VolumeError> {
+async fn fetch_header(
+    store: &Store,
+    names: &ObjectNames,
+    seq: u64,
+    uuid: [u8; 16],
+    size: u64,
+) -> Result<HeaderAndEntries, VolumeError> {
     use crate::segment::{FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
     let path = names.segment(seq);
-    let corrupt = |detail: String| VolumeError::Corrupt { path: path.to_string(), detail };
+    let corrupt = |detail: String| VolumeError::Corrupt {
+        path: path.to_string(),
+        detail,
+    };
     let os = store.object_store();
-    let head = os.get_range(&path, 0..FIXED_HEADER_BYTES as u64).await.map_err(store_error(store, "read", &path))?;
+    let head = os
+        .get_range(&path, 0..FIXED_HEADER_BYTES as u64)
+        .await
+        .map_err(store_error(store, "read", &path))?;
     let fixed = FixedHeader::decode(&head).map_err(corrupt)?;
     if fixed.seq != seq || fixed.volume_uuid != uuid {
-        return Err(corrupt("segment belongs to another volume or position".into()));
+        return Err(corrupt(
+            "segment belongs to another volume or position".into(),
+        ));
     }
     let tables = os
-        .get_range(&path, FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes))
+        .get_range(
+            &path,
+            FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes),
+        )
         .await
         .map_err(store_error(store, "read", &path))?;
     let (idx, entries) = SegmentIndex::decode_tables(fixed, &tables, size).map_err(corrupt)?;
@@ -246,7 +313,12 @@ async fn fetch_header(store: &Store, names: &ObjectNames, seq: u64, uuid: [u8; 1
 }
 
 /// Picks the journal to replay, or makes a fresh one.
-fn choose_journal(path: &std::path::Path, config: &VolumeConfig, uuid: [u8; 16], span: Option<JournalSpan>) -> Result<(Superblock, Position), VolumeError> {
+fn choose_journal(
+    path: &std::path::Path,
+    config: &VolumeConfig,
+    uuid: [u8; 16],
+    span: Option<JournalSpan>,
+) -> Result<(Superblock, Position), VolumeError> {
     let existing = match journal::read_superblock(path) {
         Ok(sb) => sb,
         Err(e) => {
@@ -257,10 +329,26 @@ fn choose_journal(path: &std::path::Path, config: &VolumeConfig, uuid: [u8; 16],
     if let Some(sb) = existing.filter(|sb| sb.volume_uuid == uuid) {
         match span {
             Some(s) if s.journal_id == sb.journal_id => {
-                return Ok((sb, Position { lpos: s.end_lpos, jseq: s.last_jseq + 1 }));
+                return Ok((
+                    sb,
+                    Position {
+                        lpos: s.end_lpos,
+                        jseq: s.last_jseq + 1,
+                    },
+                ));
             }
-            None => return Ok((sb, Position { lpos: 0, jseq: sb.start_jseq })),
-            Some(_) => tracing::warn!(journal = %path.display(), "journal is older than the store's state (volume was served elsewhere); starting a new one"),
+            None => {
+                return Ok((
+                    sb,
+                    Position {
+                        lpos: 0,
+                        jseq: sb.start_jseq,
+                    },
+                ))
+            }
+            Some(_) => {
+                tracing::warn!(journal = %path.display(), "journal is older than the store's state (volume was served elsewhere); starting a new one")
+            }
         }
     }
     let start_jseq = span.map_or(1, |s| s.last_jseq + 1);
@@ -271,11 +359,24 @@ fn choose_journal(path: &std::path::Path, config: &VolumeConfig, uuid: [u8; 16],
         start_jseq,
     };
     journal::create(path, sb)?;
-    Ok((sb, Position { lpos: 0, jseq: start_jseq }))
+    Ok((
+        sb,
+        Position {
+            lpos: 0,
+            jseq: start_jseq,
+        },
+    ))
 }
 
 /// Replays journal records into the open segment (sealing as it fills).
-fn replay_journal(path: &std::path::Path, sb: Superblock, start: Position, st: &mut State, config: &VolumeConfig, size: u64) -> Result<(Position, u64), VolumeError> {
+fn replay_journal(
+    path: &std::path::Path,
+    sb: Superblock,
+    start: Position,
+    st: &mut State,
+    config: &VolumeConfig,
+    size: u64,
+) -> Result<(Position, u64), VolumeError> {
     let mut scanner = journal::Scanner::open(path, sb, start)?;
     let mut n = 0u64;
     loop {
@@ -290,10 +391,23 @@ fn replay_journal(path: &std::path::Path, sb: Superblock, start: Position, st: &
             return Ok((before, n));
         }
         let cost = record_bytes(rec.payload.len());
-        apply_op(st, rec.kind, rec.offset, rec.len, &rec.payload, cost, rec.jseq, rec.end_lpos);
+        apply_op(
+            st,
+            rec.kind,
+            rec.offset,
+            rec.len,
+            &rec.payload,
+            cost,
+            rec.jseq,
+            rec.end_lpos,
+        );
         n += 1;
         if st.open.cost_bytes >= config.segment_bytes {
-            let next = OpenSegment::new(st.open.seq + 1, config.segment_bytes as usize, sb.journal_id);
+            let next = OpenSegment::new(
+                st.open.seq + 1,
+                config.segment_bytes as usize,
+                sb.journal_id,
+            );
             let sealed = Arc::new(std::mem::replace(&mut st.open, next).seal());
             st.last_sealed_span = sealed.span;
             st.segments_since_checkpoint += 1;

@@ -101,7 +101,16 @@ impl OpenSegment {
     }
 
     /// Appends an operation; returns the data offset of a write's bytes.
-    pub fn push(&mut self, kind: EntryKind, offset: u64, len: u64, data: &[u8], cost_bytes: u64, jseq: u64, end_lpos: u64) -> u64 {
+    pub fn push(
+        &mut self,
+        kind: EntryKind,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+        cost_bytes: u64,
+        jseq: u64,
+        end_lpos: u64,
+    ) -> u64 {
         let data_offset = self.data.len() as u64;
         if kind == EntryKind::Write {
             debug_assert_eq!(data.len() as u64, len);
@@ -237,7 +246,9 @@ impl FixedHeader {
         if u64::from(h.chunk_count) != h.data_bytes.div_ceil(CHUNK_BYTES) {
             return Err("segment chunk count does not match its data size".into());
         }
-        let expect = FIXED_HEADER_BYTES as u64 + 4 * u64::from(h.chunk_count) + ENTRY_BYTES as u64 * u64::from(h.entry_count);
+        let expect = FIXED_HEADER_BYTES as u64
+            + 4 * u64::from(h.chunk_count)
+            + ENTRY_BYTES as u64 * u64::from(h.entry_count);
         if u64::from(h.header_bytes) != expect {
             return Err("segment header size does not match its tables".into());
         }
@@ -261,7 +272,11 @@ pub struct SegmentIndex {
 impl SegmentIndex {
     /// Decodes the tables that follow a verified fixed header; also returns
     /// the entries (recovery needs them; reads do not).
-    pub fn decode_tables(fixed: FixedHeader, tables: &[u8], volume_size_bytes: u64) -> Result<(SegmentIndex, Vec<Entry>), String> {
+    pub fn decode_tables(
+        fixed: FixedHeader,
+        tables: &[u8],
+        volume_size_bytes: u64,
+    ) -> Result<(SegmentIndex, Vec<Entry>), String> {
         if tables.len() != fixed.header_bytes as usize - FIXED_HEADER_BYTES {
             return Err("segment tables truncated".into());
         }
@@ -284,8 +299,15 @@ impl SegmentIndex {
                 len: le_u64(&e[16..24]),
                 data_offset: le_u64(&e[24..32]),
             };
-            let in_volume = entry.offset.checked_add(entry.len).is_some_and(|end| end <= volume_size_bytes);
-            let in_data = kind != EntryKind::Write || entry.data_offset.checked_add(entry.len).is_some_and(|end| end <= fixed.data_bytes);
+            let in_volume = entry
+                .offset
+                .checked_add(entry.len)
+                .is_some_and(|end| end <= volume_size_bytes);
+            let in_data = kind != EntryKind::Write
+                || entry
+                    .data_offset
+                    .checked_add(entry.len)
+                    .is_some_and(|end| end <= fixed.data_bytes);
             if !in_volume || !in_data || entry.len == 0 {
                 return Err(format!("segment entry out of bounds: {entry:?}"));
             }
@@ -298,9 +320,16 @@ impl SegmentIndex {
     pub fn verify(&self, first_chunk: u64, bytes: &[u8]) -> Result<(), String> {
         for (i, chunk) in bytes.chunks(CHUNK_BYTES as usize).enumerate() {
             let idx = first_chunk as usize + i;
-            let want = self.chunk_crcs.get(idx).copied().ok_or("chunk index past the segment's end")?;
+            let want = self
+                .chunk_crcs
+                .get(idx)
+                .copied()
+                .ok_or("chunk index past the segment's end")?;
             if crc32c::crc32c(chunk) != want {
-                return Err(format!("checksum mismatch in chunk {idx} (bytes {}..)", idx as u64 * CHUNK_BYTES));
+                return Err(format!(
+                    "checksum mismatch in chunk {idx} (bytes {}..)",
+                    idx as u64 * CHUNK_BYTES
+                ));
             }
         }
         Ok(())
@@ -336,14 +365,18 @@ mod tests {
         assert_eq!(fixed.seq, 7);
         assert_eq!(fixed.span.last_jseq, 3);
         assert_eq!(fixed.span.end_lpos, 180);
-        let (idx, entries) = SegmentIndex::decode_tables(fixed, &h[FIXED_HEADER_BYTES..], 1 << 30).unwrap();
+        let (idx, entries) =
+            SegmentIndex::decode_tables(fixed, &h[FIXED_HEADER_BYTES..], 1 << 30).unwrap();
         assert_eq!(entries, s.entries);
         assert!(idx.verify(0, &s.data).is_ok());
         assert!(idx.verify(1, &s.data[4096..8192]).is_ok());
         let mut bad = s.data.to_vec();
         bad[5000] ^= 1;
         assert!(idx.verify(0, &bad).unwrap_err().contains("chunk 1"));
-        assert_eq!(idx.chunk_range(2, 2), (h.len() as u64 + 8192)..(h.len() as u64 + 10000));
+        assert_eq!(
+            idx.chunk_range(2, 2),
+            (h.len() as u64 + 8192)..(h.len() as u64 + 10000)
+        );
     }
 
     #[test]

@@ -42,10 +42,12 @@ impl Volume {
                 return;
             };
             let payload = || PutPayload::from_iter([header.clone(), sealed.data.clone()]);
-            self.put_with_retry(&path, payload, PutMode::Overwrite).await;
+            self.put_with_retry(&path, payload, PutMode::Overwrite)
+                .await;
         }
         self.segments_uploaded.fetch_add(1, Ordering::Relaxed);
-        self.bytes_uploaded.fetch_add(object_bytes, Ordering::Relaxed);
+        self.bytes_uploaded
+            .fetch_add(object_bytes, Ordering::Relaxed);
         self.mark_uploaded(sealed.seq);
         if let Some(ckpt) = ckpt {
             self.store_checkpoint(sealed.seq, Bytes::from(ckpt)).await;
@@ -54,16 +56,29 @@ impl Volume {
 
     /// PUTs until it works: a store outage back-pressures writers rather than
     /// losing data (the journal still holds everything).
-    async fn put_with_retry(&self, path: &object_store::path::Path, payload: impl Fn() -> PutPayload, mode: PutMode) {
+    async fn put_with_retry(
+        &self,
+        path: &object_store::path::Path,
+        payload: impl Fn() -> PutPayload,
+        mode: PutMode,
+    ) {
         let mut delay_ms = RETRY_MIN_MS;
         loop {
             let opts = PutOptions {
                 mode: mode.clone(),
                 ..PutOptions::default()
             };
-            let put = self.store.object_store().put_opts(path, payload(), opts).await;
+            let put = self
+                .store
+                .object_store()
+                .put_opts(path, payload(), opts)
+                .await;
             let result = match put {
-                Ok(_) => self.store.make_durable(path).await.map_err(|e| e.to_string()),
+                Ok(_) => self
+                    .store
+                    .make_durable(path)
+                    .await
+                    .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
             match result {
@@ -130,13 +145,22 @@ impl Volume {
                 manifest.checkpoint_seq = Some(seq);
                 let body = Bytes::from(manifest.encode());
                 let mpath = self.names.manifest();
-                self.put_with_retry(&mpath, || PutPayload::from(body.clone()), PutMode::Overwrite)
-                    .await;
+                self.put_with_retry(
+                    &mpath,
+                    || PutPayload::from(body.clone()),
+                    PutMode::Overwrite,
+                )
+                .await;
                 previous
             }
         };
         if let Some(old) = previous {
-            if let Err(e) = self.store.object_store().delete(&self.names.checkpoint(old)).await {
+            if let Err(e) = self
+                .store
+                .object_store()
+                .delete(&self.names.checkpoint(old))
+                .await
+            {
                 tracing::warn!(volume = %self.name, error = %e, "could not delete old checkpoint {old}");
             }
         }

@@ -125,7 +125,12 @@ impl Volume {
 
     /// Writes `data` at `offset`. Returns once the write survives a crash of
     /// this process; with `fua`, once it survives loss of power.
-    pub async fn write(self: &Arc<Self>, offset: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
+    pub async fn write(
+        self: &Arc<Self>,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
         if data.len() as u64 > self.config.max_write_bytes {
             return Err(VolumeError::Invalid(format!(
                 "write of {} bytes exceeds the maximum of {}",
@@ -133,18 +138,34 @@ impl Volume {
                 self.config.max_write_bytes
             )));
         }
-        self.log_op(RecordKind::Write, offset, data.len() as u64, data, fua).await
+        self.log_op(RecordKind::Write, offset, data.len() as u64, data, fua)
+            .await
     }
 
     /// Unmaps a range: it reads as zeros and costs no storage.
-    pub async fn trim(self: &Arc<Self>, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError> {
+    pub async fn trim(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
         self.log_op(RecordKind::Unmap, offset, len, &[], fua).await
     }
 
     /// Makes a range read as zeros; with `keep_allocated` it stays allocated
     /// (NBD's NO_HOLE), otherwise it is unmapped like a trim.
-    pub async fn write_zeroes(self: &Arc<Self>, offset: u64, len: u64, keep_allocated: bool, fua: bool) -> Result<(), VolumeError> {
-        let kind = if keep_allocated { RecordKind::Zero } else { RecordKind::Unmap };
+    pub async fn write_zeroes(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        keep_allocated: bool,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let kind = if keep_allocated {
+            RecordKind::Zero
+        } else {
+            RecordKind::Unmap
+        };
         self.log_op(kind, offset, len, &[], fua).await
     }
 
@@ -166,7 +187,14 @@ impl Volume {
         Ok(())
     }
 
-    async fn log_op(self: &Arc<Self>, kind: RecordKind, offset: u64, len: u64, data: &[u8], fua: bool) -> Result<(), VolumeError> {
+    async fn log_op(
+        self: &Arc<Self>,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
         self.check_range(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -193,7 +221,13 @@ impl Volume {
 
     /// Appends to journal and open segment if the budgets allow; `None` means
     /// wait for space.
-    fn try_log_op(self: &Arc<Self>, kind: RecordKind, offset: u64, len: u64, data: &[u8]) -> Result<Option<u64>, VolumeError> {
+    fn try_log_op(
+        self: &Arc<Self>,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+    ) -> Result<Option<u64>, VolumeError> {
         let cost = record_bytes(data.len());
         let mut st = self.state.lock();
         if let Some(detail) = &st.failed {
@@ -202,7 +236,9 @@ impl Volume {
                 detail: detail.clone(),
             });
         }
-        if st.buffered_cost_bytes > 0 && st.buffered_cost_bytes + cost > self.config.write_buffer_bytes {
+        if st.buffered_cost_bytes > 0
+            && st.buffered_cost_bytes + cost > self.config.write_buffer_bytes
+        {
             return Ok(None);
         }
         let Some((jseq, end_lpos)) = self.journal.try_append(kind, offset, len, data) else {
@@ -221,12 +257,17 @@ impl Volume {
         if st.open.is_empty() {
             return;
         }
-        let next = OpenSegment::new(st.open.seq + 1, self.open_capacity(), st.open.span.journal_id);
+        let next = OpenSegment::new(
+            st.open.seq + 1,
+            self.open_capacity(),
+            st.open.span.journal_id,
+        );
         let sealed = Arc::new(std::mem::replace(&mut st.open, next).seal());
         st.sealed.insert(sealed.seq, sealed.clone());
         st.last_sealed_span = sealed.span;
         st.segments_since_checkpoint += 1;
-        let take_checkpoint = checkpoint || st.segments_since_checkpoint >= self.config.checkpoint_every_segments;
+        let take_checkpoint =
+            checkpoint || st.segments_since_checkpoint >= self.config.checkpoint_every_segments;
         let ckpt = take_checkpoint.then(|| {
             st.segments_since_checkpoint = 0;
             st.checkpoint_requested_seq = sealed.seq;
@@ -282,7 +323,9 @@ impl Volume {
             return Ok(());
         }
         let fetched = futures::future::try_join_all(
-            misses.iter().map(|m| self.read_segment(m.seq, m.segment_offset, m.len)),
+            misses
+                .iter()
+                .map(|m| self.read_segment(m.seq, m.segment_offset, m.len)),
         )
         .await?;
         for (m, bytes) in misses.iter().zip(fetched) {
@@ -292,7 +335,12 @@ impl Volume {
     }
 
     /// Allocation of `[offset, offset+len)` in at most `max_extents` runs.
-    pub fn block_status(&self, offset: u64, len: u64, max_extents: usize) -> Result<Vec<(u64, Allocation)>, VolumeError> {
+    pub fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+    ) -> Result<Vec<(u64, Allocation)>, VolumeError> {
         self.check_range(offset, len)?;
         let mut out: Vec<(u64, Allocation)> = Vec::new();
         let st = self.state.lock();
@@ -338,13 +386,24 @@ struct Miss {
 /// Applies one logged operation to the open segment and the map (the write
 /// path and journal replay share this).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn apply_op(st: &mut State, kind: RecordKind, offset: u64, len: u64, data: &[u8], cost: u64, jseq: u64, end_lpos: u64) {
+pub(crate) fn apply_op(
+    st: &mut State,
+    kind: RecordKind,
+    offset: u64,
+    len: u64,
+    data: &[u8],
+    cost: u64,
+    jseq: u64,
+    end_lpos: u64,
+) {
     let entry_kind = match kind {
         RecordKind::Write => EntryKind::Write,
         RecordKind::Zero => EntryKind::Zero,
         RecordKind::Unmap | RecordKind::Wrap => EntryKind::Unmap,
     };
-    let data_offset = st.open.push(entry_kind, offset, len, data, cost, jseq, end_lpos);
+    let data_offset = st
+        .open
+        .push(entry_kind, offset, len, data, cost, jseq, end_lpos);
     let target = match entry_kind {
         EntryKind::Write => Some(Target::Data {
             seq: st.open.seq,

@@ -1,1 +1,155 @@
-fn main() {}
+//! The `strata` binary: volume administration and the NBD server.
+
+mod cli;
+mod nbd_volume;
+mod serve;
+mod size;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use strata_store::Store;
+use strata_volume::{Engine, VolumeConfig};
+
+use crate::cli::{Budgets, Cli, Command, VolumeCommand};
+use crate::size::format_size;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("strata: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strata: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn default_data_dir() -> anyhow::Result<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("strata"));
+    }
+    let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) else {
+        bail!("neither --data-dir, STRATA_DATA_DIR, XDG_DATA_HOME nor HOME is set: say where local state goes with --data-dir DIR");
+    };
+    Ok(PathBuf::from(home).join(".local/share/strata"))
+}
+
+/// Resolves data dir and store, and builds the engine.
+fn engine(cli: &Cli, budgets: Option<&Budgets>) -> anyhow::Result<Engine> {
+    let data_dir = match &cli.data_dir {
+        Some(d) => d.clone(),
+        None => default_data_dir()?,
+    };
+    let store_spec = match &cli.store {
+        Some(s) => s.clone(),
+        None => data_dir.join("store").to_string_lossy().into_owned(),
+    };
+    let store = Store::open(&store_spec).context("cannot open the store")?;
+    let mut config = VolumeConfig::new(data_dir);
+    if let Some(b) = budgets {
+        config.segment_bytes = b.segment_size;
+        config.segment_max_age_ms = b.segment_age_ms;
+        config.write_buffer_bytes = b.write_buffer;
+        config.journal_bytes = b.journal_size;
+        config.cache_bytes = b.cache_size;
+        config.max_parallel_uploads = b.parallel_uploads;
+    }
+    Engine::new(store, config).context("invalid configuration")
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Volume(cmd) => volume_command(&engine(&cli, None)?, cmd).await,
+        Command::Serve(args) => serve::serve(engine(&cli, Some(&args.budgets))?, args).await,
+    }
+}
+
+async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<()> {
+    match cmd {
+        VolumeCommand::Create { name, size } => {
+            let m = engine.create_volume(name, *size).await?;
+            println!(
+                "created volume {} ({}, {} bytes) in {}",
+                m.name,
+                format_size(m.size_bytes),
+                m.size_bytes,
+                engine.store().description()
+            );
+        }
+        VolumeCommand::List { json } => {
+            let volumes = engine.list_volumes().await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&volumes)?);
+            } else if volumes.is_empty() {
+                println!("no volumes in {}", engine.store().description());
+            } else {
+                println!(
+                    "{:<32} {:>12} {:>9} {:>12}",
+                    "NAME", "SIZE", "SEGMENTS", "STORED"
+                );
+                for v in volumes {
+                    println!(
+                        "{:<32} {:>12} {:>9} {:>12}",
+                        v.name,
+                        format_size(v.size_bytes),
+                        v.segments,
+                        format_size(v.stored_bytes)
+                    );
+                }
+            }
+        }
+        VolumeCommand::Info { name, json } => {
+            let v = engine.volume_info(name).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("name:        {}", v.name);
+                println!(
+                    "size:        {} ({} bytes)",
+                    format_size(v.size_bytes),
+                    v.size_bytes
+                );
+                println!("uuid:        {}", v.uuid);
+                println!("segments:    {}", v.segments);
+                println!(
+                    "stored:      {} ({} bytes)",
+                    format_size(v.stored_bytes),
+                    v.stored_bytes
+                );
+                let ckpt = v
+                    .checkpoint_seq
+                    .map_or("none".to_string(), |s| s.to_string());
+                println!("checkpoint:  {ckpt}");
+            }
+        }
+        VolumeCommand::Delete { name } => {
+            engine.delete_volume(name).await?;
+            println!("deleted volume {name}");
+        }
+    }
+    Ok(())
+}

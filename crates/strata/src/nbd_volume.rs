@@ -1,0 +1,129 @@
+//! The adapter between the NBD server and the engine: the one place that
+//! knows both. The engine knows nothing of NBD, the server nothing of
+//! volumes.
+
+use std::io;
+use std::sync::Arc;
+
+use nbd_server::{
+    Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
+};
+use strata_volume::{Engine, Volume, VolumeError};
+
+use crate::size::format_size;
+
+/// A volume as an NBD block device.
+pub struct NbdVolume {
+    volume: Arc<Volume>,
+    max_request_bytes: u32,
+}
+
+fn to_io(e: VolumeError) -> io::Error {
+    let kind = e.io_kind();
+    io::Error::new(kind, e.to_string())
+}
+
+impl BlockDevice for NbdVolume {
+    fn size_bytes(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        BlockSizes {
+            minimum_bytes: 1,
+            preferred_bytes: 4096,
+            maximum_bytes: self.max_request_bytes,
+        }
+    }
+
+    async fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.volume.read(offset_bytes, buf).await.map_err(to_io)
+    }
+
+    async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        self.volume
+            .write(offset_bytes, data, fua)
+            .await
+            .map_err(to_io)
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        self.volume.flush().await.map_err(to_io)
+    }
+
+    async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> io::Result<()> {
+        self.volume
+            .trim(offset_bytes, length_bytes, fua)
+            .await
+            .map_err(to_io)
+    }
+
+    async fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        flags: ZeroFlags,
+    ) -> io::Result<()> {
+        // Zeroing is always fast here (it only changes the map), so
+        // FAST_ZERO never needs to fail.
+        self.volume
+            .write_zeroes(offset_bytes, length_bytes, flags.no_hole, flags.fua)
+            .await
+            .map_err(to_io)
+    }
+
+    async fn block_status(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        max_extents: usize,
+    ) -> io::Result<Vec<Extent>> {
+        let runs = self
+            .volume
+            .block_status(offset_bytes, length_bytes, max_extents)
+            .map_err(to_io)?;
+        Ok(runs
+            .into_iter()
+            .map(|(length_bytes, a)| Extent {
+                length_bytes,
+                allocation: match a {
+                    strata_volume::Allocation::Data => Allocation::Data,
+                    strata_volume::Allocation::Zero => Allocation::Zero,
+                    strata_volume::Allocation::Hole => Allocation::Hole,
+                },
+            })
+            .collect())
+    }
+}
+
+/// Every volume of the engine's store, exported under its name.
+pub struct VolumeExports {
+    pub engine: Arc<Engine>,
+    pub max_request_bytes: u32,
+}
+
+impl ExportProvider for VolumeExports {
+    type Device = NbdVolume;
+
+    async fn list(&self) -> io::Result<Vec<ExportInfo>> {
+        let volumes = self.engine.list_volumes().await.map_err(to_io)?;
+        Ok(volumes
+            .into_iter()
+            .map(|v| ExportInfo {
+                description: format!("strata volume, {}", format_size(v.size_bytes)),
+                name: v.name,
+            })
+            .collect())
+    }
+
+    async fn open(&self, name: &str) -> io::Result<Arc<NbdVolume>> {
+        let volume = self.engine.open_volume(name).await.map_err(|e| match e {
+            VolumeError::Invalid(_) => io::Error::new(io::ErrorKind::NotFound, e.to_string()),
+            e => to_io(e),
+        })?;
+        Ok(Arc::new(NbdVolume {
+            volume,
+            max_request_bytes: self.max_request_bytes,
+        }))
+    }
+}

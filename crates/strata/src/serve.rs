@@ -1,0 +1,117 @@
+//! `strata serve`: the NBD server over the engine's volumes.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use nbd_server::{ListenAddr, Server, ServerConfig};
+use strata_volume::{Engine, VolumeError};
+
+use crate::cli::ServeArgs;
+use crate::nbd_volume::VolumeExports;
+use crate::size::parse_size;
+
+pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
+    let engine = Arc::new(engine);
+    for spec in &args.create {
+        create_if_missing(&engine, spec).await?;
+    }
+    let addrs = listen_addrs(&engine, args)?;
+    let config = ServerConfig {
+        max_in_flight_per_connection: args.max_in_flight.max(1),
+        ..ServerConfig::default()
+    };
+    let exports = Arc::new(VolumeExports {
+        engine: engine.clone(),
+        max_request_bytes: config.max_request_bytes,
+    });
+    let server = Server::bind(exports, &addrs, config)
+        .await
+        .context("cannot listen")?;
+    print_uris(&engine, &server.local_addrs()).await?;
+    let result = server.run(shutdown_signal()).await;
+    tracing::info!("shutting down: making every volume durable in the store");
+    let closed = engine.close_all().await;
+    result.context("server failed")?;
+    closed.context(
+        "clean shutdown failed (the journal still holds the data; the next start recovers it)",
+    )?;
+    Ok(())
+}
+
+async fn create_if_missing(engine: &Engine, spec: &str) -> anyhow::Result<()> {
+    let Some((name, size)) = spec.split_once('=') else {
+        bail!("--create {spec:?}: expected NAME=SIZE, e.g. vm1=10GiB");
+    };
+    let size = parse_size(size).map_err(anyhow::Error::msg)?;
+    match engine.create_volume(name, size).await {
+        Ok(_) => tracing::info!(volume = name, size, "created volume"),
+        Err(VolumeError::AlreadyExists(_)) => {
+            let info = engine.volume_info(name).await?;
+            if info.size_bytes != size {
+                tracing::warn!(
+                    volume = name,
+                    existing = info.size_bytes,
+                    asked = size,
+                    "volume exists with another size; serving it as it is"
+                );
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+fn listen_addrs(engine: &Engine, args: &ServeArgs) -> anyhow::Result<Vec<ListenAddr>> {
+    if args.listen.is_empty() {
+        let dir = &engine.config().data_dir;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        return Ok(vec![ListenAddr::Unix(dir.join("strata.sock"))]);
+    }
+    args.listen
+        .iter()
+        .map(|s| s.parse::<ListenAddr>().map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// Prints the URI of each volume at each address, then `ready`.
+async fn print_uris(engine: &Engine, addrs: &[ListenAddr]) -> anyhow::Result<()> {
+    let volumes = engine.list_volumes().await?;
+    for addr in addrs {
+        for v in &volumes {
+            match addr {
+                ListenAddr::Unix(path) => {
+                    println!("nbd+unix:///{}?socket={}", v.name, path.display())
+                }
+                ListenAddr::Tcp(sa) => println!("nbd://{sa}/{}", v.name),
+            }
+        }
+        if volumes.is_empty() {
+            println!("listening on {addr} (no volumes yet: strata volume create NAME --size SIZE)");
+        }
+    }
+    println!("ready");
+    use std::io::Write;
+    std::io::stdout().flush().context("stdout")?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            tracing::error!(
+                "cannot install signal handlers; stop the server with kill -9 only after a FLUSH"
+            );
+            std::future::pending::<()>().await;
+        }
+    }
+}
