@@ -90,6 +90,21 @@ struct Connection<D> {
     cancel: Arc<Notify>,
 }
 
+impl<D> Connection<D> {
+    fn new(export: Export<D>) -> Self {
+        let limits = Limits {
+            params: export.params,
+            has_meta_context: export.base_allocation_id.is_some(),
+        };
+        Connection {
+            export,
+            limits,
+            requests_in_tasks: Arc::new(AtomicUsize::new(0)),
+            cancel: Arc::new(Notify::new()),
+        }
+    }
+}
+
 /// Serves requests until the client leaves, breaks the protocol, or `stop`
 /// turns true; then lets in-flight requests finish and their replies go out.
 pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
@@ -100,21 +115,10 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
 ) -> End {
     let (read_half, write_half) = stream.split_owned();
     let (sender, queue) = mpsc::unbounded_channel();
-    let requests_in_tasks = Arc::new(AtomicUsize::new(0));
-    let writer_task = write_replies(write_half, queue, Arc::clone(&requests_in_tasks));
-    let mut writer = AbortOnDrop(tokio::spawn(writer_task));
-    let limits = Limits {
-        params: export.params,
-        has_meta_context: export.base_allocation_id.is_some(),
-    };
-    let cancel = Arc::new(Notify::new());
-    let mut cancel_if_cut = CancelOnDrop(Some(Arc::clone(&cancel)));
-    let connection = Arc::new(Connection {
-        export,
-        limits,
-        requests_in_tasks,
-        cancel,
-    });
+    let connection = Arc::new(Connection::new(export));
+    let in_tasks = Arc::clone(&connection.requests_in_tasks);
+    let mut writer = AbortOnDrop(tokio::spawn(write_replies(write_half, queue, in_tasks)));
+    let mut cancel_if_cut = CancelOnDrop(Some(Arc::clone(&connection.cancel)));
     let permit_count = config
         .max_in_flight_per_connection
         .clamp(1, Semaphore::MAX_PERMITS);
@@ -131,11 +135,19 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
         _ = stop.wait_for(|stopping| *stopping) => Finish::Reader(End::Shutdown),
     };
     drop(sender);
+    let end = conclude(finish, &mut writer.0).await;
+    // Ended by itself (not cut): let running requests finish on their own.
+    cancel_if_cut.0 = None;
+    end
+}
+
+/// Waits for the writer to send what is queued; the end reason, with a
+/// write failure taking precedence over a benign end.
+async fn conclude(finish: Finish, writer: &mut JoinHandle<io::Result<()>>) -> End {
     let (end, written) = match finish {
-        Finish::Reader(end) => (end, (&mut writer.0).await),
+        Finish::Reader(end) => (end, writer.await),
         Finish::Writer(result) => (End::WriteFailed(io::Error::other("writer ended")), result),
     };
-    cancel_if_cut.0 = None;
     match written {
         Ok(Err(error)) if !end.is_fault() => End::WriteFailed(error),
         Err(error) if !end.is_fault() => End::WriteFailed(io::Error::other(error)),
