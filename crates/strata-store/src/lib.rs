@@ -7,6 +7,7 @@
 //! fault injection) can be stacked on the inner `ObjectStore` later without
 //! the engine noticing.
 
+mod local_reader;
 mod names;
 mod store;
 

@@ -23,7 +23,9 @@ pub fn validate_volume_name(name: &str) -> Result<(), String> {
         ));
     }
     if name.starts_with('.') || name.starts_with('-') {
-        return Err(format!("volume name {name:?} must not start with '.' or '-'"));
+        return Err(format!(
+            "volume name {name:?} must not start with '.' or '-'"
+        ));
     }
     let ok = name
         .bytes()

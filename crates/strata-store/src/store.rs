@@ -5,8 +5,15 @@
 //! for tests; gone when the process exits).
 
 use std::fmt;
+use std::ops::Range;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{PutOptions, PutPayload, PutResult};
+
+use crate::local_reader::LocalReader;
 
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
@@ -18,13 +25,17 @@ pub enum StoreError {
     Unusable { spec: String, reason: String },
 }
 
-/// A handle on an object store, cheap to clone.
+/// A handle on an object store, cheap to clone. Reads, writes and deletes
+/// of objects go through its methods (so the embedded store's fast paths
+/// stay coherent); listing goes to [`Store::object_store`].
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<dyn ObjectStore>,
     description: String,
     /// Root directory when this is the embedded local store.
     local_root: Option<PathBuf>,
+    /// Fast ranged reads for the embedded store.
+    local_reader: Option<Arc<LocalReader>>,
 }
 
 impl fmt::Debug for Store {
@@ -64,6 +75,7 @@ impl Store {
             inner: Arc::new(InMemory::new()),
             description: "memory://".to_string(),
             local_root: None,
+            local_reader: None,
         }
     }
 
@@ -80,6 +92,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(fs),
             description: format!("file://{}", dir.display()),
+            local_reader: Some(Arc::new(LocalReader::new(dir.clone()))),
             local_root: Some(dir),
         })
     }
@@ -90,7 +103,42 @@ impl Store {
             inner,
             description,
             local_root: None,
+            local_reader: None,
         }
+    }
+
+    /// Reads `range` of an object (a `pread` for the embedded store).
+    pub async fn get_range(
+        &self,
+        location: &Path,
+        range: Range<u64>,
+    ) -> object_store::Result<Bytes> {
+        match &self.local_reader {
+            Some(r) => r.read_range(location, range),
+            None => self.inner.get_range(location, range).await,
+        }
+    }
+
+    /// Writes an object.
+    pub async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let result = self.inner.put_opts(location, payload, opts).await;
+        if let Some(r) = &self.local_reader {
+            r.invalidate(location);
+        }
+        result
+    }
+
+    /// Deletes an object.
+    pub async fn delete(&self, location: &Path) -> object_store::Result<()> {
+        if let Some(r) = &self.local_reader {
+            r.invalidate(location);
+        }
+        self.inner.delete(location).await
     }
 
     /// Makes an object just written survive power loss. The local
@@ -98,7 +146,7 @@ impl Store {
     /// without `fsync`; strata releases journal space once an object is
     /// stored, so for the embedded store it syncs the file and its directory.
     /// Remote stores acknowledge durable writes; nothing to do there.
-    pub async fn make_durable(&self, location: &object_store::path::Path) -> std::io::Result<()> {
+    pub async fn make_durable(&self, location: &Path) -> std::io::Result<()> {
         let Some(root) = &self.local_root else {
             return Ok(());
         };

@@ -90,12 +90,7 @@ impl Engine {
             ..PutOptions::default()
         };
         let payload = PutPayload::from(Bytes::from(manifest.encode()));
-        match self
-            .store
-            .object_store()
-            .put_opts(&path, payload, opts)
-            .await
-        {
+        match self.store.put_opts(&path, payload, opts).await {
             Ok(_) => {}
             Err(object_store::Error::AlreadyExists { .. }) => {
                 return Err(VolumeError::AlreadyExists(name.to_string()))
@@ -171,11 +166,10 @@ impl Engine {
         let os = self.store.object_store();
         // The manifest goes first: from then on the volume does not exist,
         // whatever happens to the rest.
-        os.delete(&names.manifest()).await.map_err(store_error(
-            &self.store,
-            "delete",
-            &names.manifest(),
-        ))?;
+        self.store
+            .delete(&names.manifest())
+            .await
+            .map_err(store_error(&self.store, "delete", &names.manifest()))?;
         let prefix = names.volume_prefix();
         let objects: Vec<_> = os
             .list(Some(&prefix))
@@ -183,7 +177,7 @@ impl Engine {
             .await
             .map_err(store_error(&self.store, "list", &prefix))?;
         for o in objects {
-            match os.delete(&o.location).await {
+            match self.store.delete(&o.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(store_error(&self.store, "delete", &o.location)(e)),
             }

@@ -57,17 +57,16 @@ impl Volume {
     async fn get_range(&self, seq: u64, range: Range<u64>) -> Result<Bytes, VolumeError> {
         let path = self.names.segment(seq);
         let want = range.end - range.start;
-        let bytes = self
-            .store
-            .object_store()
-            .get_range(&path, range)
-            .await
-            .map_err(|source| VolumeError::Store {
-                store: self.store.description().to_string(),
-                op: "read",
-                path: path.to_string(),
-                source,
-            })?;
+        let bytes =
+            self.store
+                .get_range(&path, range)
+                .await
+                .map_err(|source| VolumeError::Store {
+                    store: self.store.description().to_string(),
+                    op: "read",
+                    path: path.to_string(),
+                    source,
+                })?;
         self.store_reads.fetch_add(1, Ordering::Relaxed);
         self.store_read_bytes
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);

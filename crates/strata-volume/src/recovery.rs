@@ -131,7 +131,11 @@ impl Volume {
         let (sb, start) = choose_journal(&jpath, &config, uuid, rec.span)?;
         let mut st = State {
             map: rec.map,
-            open: OpenSegment::new(rec.next_seq, config.segment_bytes as usize, sb.journal_id),
+            open: OpenSegment::new(
+                rec.next_seq,
+                Vec::with_capacity(config.segment_bytes as usize),
+                sb.journal_id,
+            ),
             sealed: BTreeMap::new(),
             uploaded: BTreeSet::new(),
             buffered_cost_bytes: 0,
@@ -160,6 +164,7 @@ impl Volume {
             caches,
             manifest: tokio::sync::Mutex::new(manifest),
             closed: AtomicBool::new(false),
+            buffer_pool: Mutex::new(Vec::new()),
             segments_uploaded: AtomicU64::new(0),
             bytes_uploaded: AtomicU64::new(0),
             store_reads: AtomicU64::new(0),
@@ -259,7 +264,6 @@ async fn recover_from_store(
         tracing::warn!(volume = %names.volume_prefix(), seq, "deleting segment stored after a missing one; the journal replays its writes");
         let path = names.segment(seq);
         store
-            .object_store()
             .delete(&path)
             .await
             .map_err(store_error(store, "delete", &path))?;
@@ -290,8 +294,7 @@ async fn fetch_header(
         path: path.to_string(),
         detail,
     };
-    let os = store.object_store();
-    let head = os
+    let head = store
         .get_range(&path, 0..FIXED_HEADER_BYTES as u64)
         .await
         .map_err(store_error(store, "read", &path))?;
@@ -301,7 +304,7 @@ async fn fetch_header(
             "segment belongs to another volume or position".into(),
         ));
     }
-    let tables = os
+    let tables = store
         .get_range(
             &path,
             FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes),
@@ -403,11 +406,8 @@ fn replay_journal(
         );
         n += 1;
         if st.open.cost_bytes >= config.segment_bytes {
-            let next = OpenSegment::new(
-                st.open.seq + 1,
-                config.segment_bytes as usize,
-                sb.journal_id,
-            );
+            let buffer = Vec::with_capacity(config.segment_bytes as usize);
+            let next = OpenSegment::new(st.open.seq + 1, buffer, sb.journal_id);
             let sealed = Arc::new(std::mem::replace(&mut st.open, next).seal());
             st.last_sealed_span = sealed.span;
             st.segments_since_checkpoint += 1;

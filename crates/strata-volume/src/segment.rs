@@ -31,6 +31,8 @@
 //! Every 4 KiB chunk of data is verified against its CRC when read from the
 //! store, so a corrupt object is reported, never served.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use crate::journal::{le_u32, le_u64};
@@ -82,10 +84,13 @@ pub struct OpenSegment {
 }
 
 impl OpenSegment {
-    pub fn new(seq: u64, capacity_bytes: usize, journal_id: [u8; 16]) -> Self {
+    /// A new open segment writing into `buffer` (emptied; recycled buffers
+    /// avoid touching fresh memory for every segment).
+    pub fn new(seq: u64, mut buffer: Vec<u8>, journal_id: [u8; 16]) -> Self {
+        buffer.clear();
         OpenSegment {
             seq,
-            data: Vec::with_capacity(capacity_bytes),
+            data: buffer,
             entries: Vec::new(),
             span: JournalSpan {
                 journal_id,
@@ -135,7 +140,7 @@ impl OpenSegment {
     pub fn seal(self) -> SealedSegment {
         SealedSegment {
             seq: self.seq,
-            data: Bytes::from(self.data),
+            data: Arc::new(self.data),
             entries: self.entries,
             span: self.span,
             cost_bytes: self.cost_bytes,
@@ -147,13 +152,27 @@ impl OpenSegment {
 #[derive(Debug)]
 pub struct SealedSegment {
     pub seq: u64,
-    pub data: Bytes,
+    pub data: Arc<Vec<u8>>,
     pub entries: Vec<Entry>,
     pub span: JournalSpan,
     pub cost_bytes: u64,
 }
 
+/// Lets a sealed segment's buffer be an upload payload without a copy.
+struct SharedData(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedData {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl SealedSegment {
+    /// The data area as `Bytes` sharing this segment's buffer.
+    pub fn data_bytes(&self) -> Bytes {
+        Bytes::from_owner(SharedData(self.data.clone()))
+    }
+
     /// The header of the object (the data area follows it).
     pub fn encode_header(&self, volume_uuid: &[u8; 16]) -> Vec<u8> {
         let chunk_count = self.data.len().div_ceil(CHUNK_BYTES as usize);
@@ -349,7 +368,7 @@ mod tests {
     use super::*;
 
     fn sample() -> SealedSegment {
-        let mut s = OpenSegment::new(7, 1 << 16, [9; 16]);
+        let mut s = OpenSegment::new(7, Vec::new(), [9; 16]);
         let data: Vec<u8> = (0..10000u32).map(|i| (i * 7) as u8).collect();
         s.push(EntryKind::Write, 4096, data.len() as u64, &data, 1, 1, 100);
         s.push(EntryKind::Unmap, 0, 1 << 20, &[], 1, 2, 140);

@@ -41,16 +41,22 @@ impl Volume {
             let Ok(_permit) = self.upload_slots.clone().acquire_owned().await else {
                 return;
             };
-            let payload = || PutPayload::from_iter([header.clone(), sealed.data.clone()]);
+            let data = sealed.data_bytes();
+            let payload = || PutPayload::from_iter([header.clone(), data.clone()]);
             self.put_with_retry(&path, payload, PutMode::Overwrite)
                 .await;
         }
         self.segments_uploaded.fetch_add(1, Ordering::Relaxed);
         self.bytes_uploaded
             .fetch_add(object_bytes, Ordering::Relaxed);
-        self.mark_uploaded(sealed.seq);
+        let seq = sealed.seq;
+        self.mark_uploaded(seq);
+        // Last holder of the buffer (the common case): recycle it.
+        if let Some(buffer) = Arc::into_inner(sealed).and_then(|s| Arc::into_inner(s.data)) {
+            self.recycle_buffer(buffer);
+        }
         if let Some(ckpt) = ckpt {
-            self.store_checkpoint(sealed.seq, Bytes::from(ckpt)).await;
+            self.store_checkpoint(seq, Bytes::from(ckpt)).await;
         }
     }
 
@@ -68,11 +74,7 @@ impl Volume {
                 mode: mode.clone(),
                 ..PutOptions::default()
             };
-            let put = self
-                .store
-                .object_store()
-                .put_opts(path, payload(), opts)
-                .await;
+            let put = self.store.put_opts(path, payload(), opts).await;
             let result = match put {
                 Ok(_) => self
                     .store
@@ -155,12 +157,7 @@ impl Volume {
             }
         };
         if let Some(old) = previous {
-            if let Err(e) = self
-                .store
-                .object_store()
-                .delete(&self.names.checkpoint(old))
-                .await
-            {
+            if let Err(e) = self.store.delete(&self.names.checkpoint(old)).await {
                 tracing::warn!(volume = %self.name, error = %e, "could not delete old checkpoint {old}");
             }
         }
