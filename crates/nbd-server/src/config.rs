@@ -3,11 +3,13 @@
 /// Limits and timeouts of a [`Server`](crate::Server).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Requests one connection may have in flight; when reached, the server
-    /// stops reading from that connection until a reply has been written.
+    /// Requests one connection may have in flight (at least 1); when
+    /// reached, the server stops reading from that connection until a reply
+    /// has been written.
     pub max_in_flight_per_connection: usize,
     /// Largest READ or WRITE accepted (also caps the advertised maximum
-    /// block size). Larger requests get EINVAL.
+    /// block size, which also bounds CACHE and WRITE_ZEROES without
+    /// FAST_ZERO). Larger requests get EINVAL.
     pub max_request_bytes: u32,
     /// Time a client has from connecting to entering transmission.
     pub handshake_timeout_ms: u64,
