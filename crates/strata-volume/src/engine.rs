@@ -11,6 +11,7 @@ use futures::TryStreamExt;
 use object_store::{PutMode, PutOptions, PutPayload};
 use serde::Serialize;
 use strata_store::{validate_volume_name, ObjectNames, Store};
+use tokio::sync::OnceCell;
 
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
@@ -38,7 +39,9 @@ pub struct Engine {
     store: Store,
     config: Arc<VolumeConfig>,
     caches: Arc<SharedCaches>,
-    open: tokio::sync::Mutex<HashMap<String, Arc<Volume>>>,
+    /// One cell per volume name, so opening (recovering) one volume does
+    /// not hold up clients of another.
+    open: parking_lot::Mutex<HashMap<String, Arc<OnceCell<Arc<Volume>>>>>,
 }
 
 impl Engine {
@@ -48,7 +51,7 @@ impl Engine {
             store,
             caches: Arc::new(SharedCaches::new(config.cache_bytes)),
             config: Arc::new(config),
-            open: tokio::sync::Mutex::new(HashMap::new()),
+            open: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -156,7 +159,8 @@ impl Engine {
     /// in this process.
     pub async fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
-        if self.open.lock().await.contains_key(name) {
+        let is_open = self.open.lock().get(name).is_some_and(|c| c.initialized());
+        if is_open {
             return Err(VolumeError::Invalid(format!(
                 "volume {name:?} is being served; stop serving it first"
             )));
@@ -201,24 +205,29 @@ impl Engine {
     /// The open volume `name`, opening (recovering) it on first use.
     pub async fn open_volume(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
-        let mut open = self.open.lock().await;
-        if let Some(v) = open.get(name) {
-            return Ok(v.clone());
-        }
-        let v = Volume::open(
-            self.store.clone(),
-            name,
-            self.config.clone(),
-            self.caches.clone(),
-        )
-        .await?;
-        open.insert(name.to_string(), v.clone());
-        Ok(v)
+        let cell = self
+            .open
+            .lock()
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        let vol = cell
+            .get_or_try_init(|| {
+                Volume::open(
+                    self.store.clone(),
+                    name,
+                    self.config.clone(),
+                    self.caches.clone(),
+                )
+            })
+            .await?;
+        Ok(vol.clone())
     }
 
     /// Closes every open volume cleanly.
     pub async fn close_all(&self) -> Result<(), VolumeError> {
-        let volumes: Vec<_> = self.open.lock().await.drain().map(|(_, v)| v).collect();
+        let cells: Vec<_> = self.open.lock().drain().map(|(_, c)| c).collect();
+        let volumes: Vec<Arc<Volume>> = cells.iter().filter_map(|c| c.get().cloned()).collect();
         let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;
         results.into_iter().collect()
     }

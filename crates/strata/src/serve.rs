@@ -28,6 +28,7 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
         .await
         .context("cannot listen")?;
     print_uris(&engine, &server.local_addrs()).await?;
+    open_all_in_background(&engine).await;
     let result = server.run(shutdown_signal()).await;
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
@@ -36,6 +37,26 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
         "clean shutdown failed (the journal still holds the data; the next start recovers it)",
     )?;
     Ok(())
+}
+
+/// Opens (recovers) every volume now rather than at its first client, so
+/// journals are replayed and uploaded promptly and errors show at once.
+async fn open_all_in_background(engine: &Arc<Engine>) {
+    let volumes = match engine.list_volumes().await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot list volumes");
+            return;
+        }
+    };
+    for v in volumes {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            if let Err(e) = engine.open_volume(&v.name).await {
+                tracing::error!(volume = %v.name, error = %e, "cannot open volume; its clients will get this error");
+            }
+        });
+    }
 }
 
 async fn create_if_missing(engine: &Engine, spec: &str) -> anyhow::Result<()> {
