@@ -68,7 +68,7 @@ impl VolumeConfig {
                 self.journal_bytes
             ));
         }
-        if self.journal_bytes % 4096 != 0 {
+        if !self.journal_bytes.is_multiple_of(4096) {
             return Err("journal size must be a multiple of 4 KiB".into());
         }
         if self.max_parallel_uploads == 0 || self.checkpoint_every_segments == 0 {

@@ -74,7 +74,7 @@ impl Engine {
         size_bytes: u64,
     ) -> Result<Manifest, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
-        if size_bytes == 0 || size_bytes % 512 != 0 || size_bytes > MAX_VOLUME_BYTES {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(512) || size_bytes > MAX_VOLUME_BYTES {
             return Err(VolumeError::Invalid(format!(
                 "volume size must be a positive multiple of 512 bytes, at most 1 PiB (got {size_bytes})"
             )));

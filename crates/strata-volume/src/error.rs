@@ -18,7 +18,7 @@ pub enum VolumeError {
         op: &'static str,
         path: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("corrupt object {path}: {detail}")]
     Corrupt { path: String, detail: String },

@@ -297,8 +297,8 @@ mod tests {
             map.check_invariants();
             if step % 97 == 0 {
                 let got = resolve(&map, size);
-                for i in 0..size as usize {
-                    assert_eq!(got[i], model_get(&model, i), "byte {i} step {step}");
+                for (i, got) in got.iter().enumerate() {
+                    assert_eq!(*got, model_get(&model, i), "byte {i} step {step}");
                 }
             }
         }

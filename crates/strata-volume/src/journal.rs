@@ -145,7 +145,7 @@ impl Superblock {
             ring_bytes: le_u64(&b[48..56]),
             start_jseq: le_u64(&b[56..64]),
         };
-        if sb.ring_bytes < MIN_RING_BYTES || sb.ring_bytes % 8 != 0 {
+        if sb.ring_bytes < MIN_RING_BYTES || !sb.ring_bytes.is_multiple_of(8) {
             return Err(format!("implausible ring size {}", sb.ring_bytes));
         }
         Ok(sb)

@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use crate::cache::{CacheStats, ClockCache};
 use crate::error::VolumeError;
+use crate::recovery::store_error;
 use crate::segment::{FixedHeader, SegmentIndex, CHUNK_BYTES, FIXED_HEADER_BYTES};
 use crate::volume::Volume;
 
@@ -57,16 +58,11 @@ impl Volume {
     async fn get_range(&self, seq: u64, range: Range<u64>) -> Result<Bytes, VolumeError> {
         let path = self.names.segment(seq);
         let want = range.end - range.start;
-        let bytes =
-            self.store
-                .get_range(&path, range)
-                .await
-                .map_err(|source| VolumeError::Store {
-                    store: self.store.description().to_string(),
-                    op: "read",
-                    path: path.to_string(),
-                    source,
-                })?;
+        let bytes = self
+            .store
+            .get_range(&path, range)
+            .await
+            .map_err(store_error(&self.store, "read", &path))?;
         self.store_reads.fetch_add(1, Ordering::Relaxed);
         self.store_read_bytes
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);

@@ -46,7 +46,7 @@ pub(crate) fn store_error(
         store,
         op,
         path,
-        source,
+        source: Box::new(source),
     }
 }
 

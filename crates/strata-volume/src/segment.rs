@@ -106,6 +106,7 @@ impl OpenSegment {
     }
 
     /// Appends an operation; returns the data offset of a write's bytes.
+    #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
         kind: EntryKind,

@@ -2,6 +2,8 @@
 //! backend available here (in-memory and the local directory; the S3 issue
 //! adds a real S3 server), compared with a byte-for-byte model.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::sync::Arc;
 

@@ -85,8 +85,7 @@ async fn create_if_missing(engine: &Engine, spec: &str) -> anyhow::Result<()> {
 fn listen_addrs(engine: &Engine, args: &ServeArgs) -> anyhow::Result<Vec<ListenAddr>> {
     if args.listen.is_empty() {
         let dir = &engine.config().data_dir;
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         return Ok(vec![ListenAddr::Unix(dir.join("strata.sock"))]);
     }
     args.listen

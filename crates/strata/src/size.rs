@@ -38,7 +38,7 @@ pub fn format_size(bytes: u64) -> String {
         ("KiB", 10),
     ];
     for (name, shift) in UNITS {
-        if bytes >= (1 << shift) && bytes % (1 << shift) == 0 {
+        if bytes >= (1 << shift) && bytes.is_multiple_of(1 << shift) {
             return format!("{} {name}", bytes >> shift);
         }
     }
