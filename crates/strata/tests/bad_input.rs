@@ -124,9 +124,19 @@ fn cli_volume_admin_and_its_errors() {
         "create of an existing volume",
     );
     assert!(e.contains("ten"), "error does not name the volume: {e}");
-    for bad in ["12XB", "abc", "", "-5", "1.5.5G", "99999999999999999999"] {
+    // `--size=VALUE` so that values like "-5" reach the size parser.
+    for bad in [
+        "12XB",
+        "abc",
+        "",
+        "-5",
+        "0x10",
+        "1.5.5G",
+        "99999999999999999999",
+        "20000000T",
+    ] {
         assert_one_line_error(
-            &cli(&["volume", "create", "badsize", "--size", bad]),
+            &cli(&["volume", "create", "badsize", &format!("--size={bad}")]),
             &format!("create with size {bad:?}"),
         );
     }

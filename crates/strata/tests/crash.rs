@@ -215,7 +215,20 @@ fn wait_log(
 fn crash_under_load(mode: &str, seed: u64) {
     require_tools(&["fio", "nbdcopy"]);
     let tmp = tempfile::TempDir::new().unwrap();
-    let target = Target::under_test(Target::strata(), Target::NbdkitFile);
+    // Small segments, write buffer and journal so that during the run segments
+    // are sealed and uploaded and the journal ring wraps: recovery then has to
+    // combine store and journal, not just replay a journal from its start.
+    let target = Target::under_test(
+        Target::strata_with(&[
+            "--segment-size",
+            "8MiB",
+            "--write-buffer",
+            "64MiB",
+            "--journal-size",
+            "128MiB",
+        ]),
+        Target::NbdkitFile,
+    );
     let mut server = Server::start(tmp.path(), target, &[("vol", VOL)]);
     let uri = server.vol_uri();
 
@@ -275,6 +288,23 @@ fn crash_under_load(mode: &str, seed: u64) {
         "{}",
         log.acked.len()
     );
+
+    if server.target.is_strata() {
+        // The run was long enough for segments to reach the store, so the
+        // recovery below combines store and journal.
+        let out = strata_cli(
+            &server.store_dir(),
+            &server.data_dir(),
+            &["volume", "info", "vol", "--json"],
+        );
+        assert!(out.status.success(), "volume info: {}", stderr_str(&out));
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        eprintln!("{mode}: volume info at the crash: {info}");
+        assert!(
+            info["segments"].as_u64().is_some_and(|n| n > 0),
+            "no segment in the store at the crash: {info}"
+        );
+    }
 
     // Recover and check.
     server.start_again();

@@ -578,6 +578,13 @@ pub fn strata_cli(store: &Path, data_dir: &Path, args: &[&str]) -> Output {
     let mut c = Command::new(strata_bin());
     c.env_remove("STRATA_STORE")
         .env_remove("STRATA_DATA_DIR")
+        // Any S3 access goes to a closed local port (never the internet).
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env("AWS_ENDPOINT", "http://127.0.0.1:9")
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "strata-e2e-dummy")
+        .env("AWS_SECRET_ACCESS_KEY", "strata-e2e-dummy")
         .arg("--store")
         .arg(store)
         .arg("--data-dir")
