@@ -18,7 +18,7 @@ mod common;
 
 use common::*;
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -46,9 +46,17 @@ struct WriterLog {
     error: Option<String>,
 }
 
-fn parse_log(path: &Path) -> WriterLog {
-    let text = std::fs::read_to_string(path).unwrap();
+/// Parses the logs of consecutive writer runs (oldest first) into one view.
+fn parse_logs(paths: &[PathBuf]) -> WriterLog {
     let mut log = WriterLog::default();
+    for path in paths {
+        parse_into(&mut log, path);
+    }
+    log
+}
+
+fn parse_into(log: &mut WriterLog, path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap();
     // Only complete lines count (the writer may be killed mid-line).
     for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
         let mut it = line.split_whitespace();
@@ -77,7 +85,6 @@ fn parse_log(path: &Path) -> WriterLog {
             other => panic!("bad writer log line {other:?}: {line}"),
         }
     }
-    log
 }
 
 /// None = all zeros (never written); Some(gen) = an intact stamp for `idx`.
@@ -151,10 +158,17 @@ fn check_region(uri: &str, dir: &Path, log: &WriterLog, what: &str) {
     );
 }
 
-fn spawn_writer(dir: &Path, uri: &str, mode: &str, seed: u64) -> (BgProcess, std::path::PathBuf) {
+fn spawn_writer(
+    dir: &Path,
+    uri: &str,
+    mode: &str,
+    seed: u64,
+    round: usize,
+    gen_base: u64,
+) -> (BgProcess, PathBuf) {
     let script = dir.join("nbd_writer.py");
     std::fs::write(&script, WRITER).unwrap();
-    let log = dir.join(format!("writer-{mode}.log"));
+    let log = dir.join(format!("writer-{mode}-{round}.log"));
     let p = BgProcess::spawn(
         "nbd_writer.py",
         Command::new(python_with_nbd())
@@ -165,7 +179,8 @@ fn spawn_writer(dir: &Path, uri: &str, mode: &str, seed: u64) -> (BgProcess, std
             .arg(NBLOCKS.to_string())
             .arg(mode)
             .arg(seed.to_string())
-            .arg("300"),
+            .arg("300")
+            .arg(gen_base.to_string()),
     );
     (p, log)
 }
@@ -196,7 +211,7 @@ fn wait_log(
     let t0 = Instant::now();
     loop {
         if log.exists() {
-            let l = parse_log(log);
+            let l = parse_logs(&[log.to_path_buf()]);
             if cond(&l) {
                 return l;
             }
@@ -212,7 +227,17 @@ fn wait_log(
     }
 }
 
-fn crash_under_load(mode: &str, seed: u64) {
+/// How long to let the load run before the kill, per round.
+enum KillAfter {
+    /// At least this many acknowledged writes (in this round) and 2 s.
+    Acks(usize),
+    /// This long after the writer's first acknowledgement.
+    Millis(u64),
+    /// This many acknowledgements after the FLUSH was acknowledged.
+    AcksAfterFlush(usize),
+}
+
+fn crash_under_load(mode: &str, seed: u64, rounds: &[KillAfter]) {
     require_tools(&["fio", "nbdcopy"]);
     let tmp = tempfile::TempDir::new().unwrap();
     // Small segments, write buffer and journal so that during the run segments
@@ -231,100 +256,135 @@ fn crash_under_load(mode: &str, seed: u64) {
     );
     let mut server = Server::start(tmp.path(), target, &[("vol", VOL)]);
     let uri = server.vol_uri();
+    let mut logs = Vec::new();
 
-    let mut fio = spawn_fio(tmp.path(), &uri);
-    let (mut writer, log_path) = spawn_writer(tmp.path(), &uri, mode, seed);
-
-    if mode == "flush" {
-        // Phase 1 done and flushed, then some unflushed writes on top.
-        let l = wait_log(&mut writer, &log_path, Duration::from_secs(240), |l| {
-            l.acks_before_flush.is_some()
-        });
-        let base = l.acks;
-        wait_log(&mut writer, &log_path, Duration::from_secs(120), |l| {
-            l.acks > base + 2000
-        });
-    } else {
-        thread::sleep(Duration::from_secs(2));
-        wait_log(&mut writer, &log_path, Duration::from_secs(120), |l| {
-            l.acks > 30_000
-        });
-    }
-    assert!(
-        fio.try_status().is_none(),
-        "fio load ended early: {}",
-        fio.stderr()
-    );
-    server.assert_alive();
-
-    // Crash.
-    server.kill9();
-    let kill_time = Instant::now();
-    let st = writer.wait(Duration::from_secs(60));
-    assert_eq!(
-        st.code(),
-        Some(3),
-        "writer should fail with a connection error: {}",
-        writer.stderr()
-    );
-    fio.kill();
-
-    let log = parse_log(&log_path);
-    assert!(log.connected && log.error.is_some(), "{:?}", log.error);
-    eprintln!(
-        "{mode}: {} writes acknowledged ({} blocks), {} before the flush, writer saw {:?} {:.1?} after kill",
-        log.acks,
-        log.acked.len(),
-        log.acks_before_flush.map_or("-".into(), |n| n.to_string()),
-        log.error,
-        kill_time.elapsed()
-    );
-    if mode == "flush" {
-        assert!(log.acks_before_flush.unwrap() >= 4 * NBLOCKS as usize);
-    }
-    // Most blocks of the region were acknowledged at least once.
-    assert!(
-        log.acked.len() as u64 > NBLOCKS * 9 / 10,
-        "{}",
-        log.acked.len()
-    );
-
-    if server.target.is_strata() {
-        // The run was long enough for segments to reach the store, so the
-        // recovery below combines store and journal.
-        let out = strata_cli(
-            &server.store_dir(),
-            &server.data_dir(),
-            &["volume", "info", "vol", "--json"],
-        );
-        assert!(out.status.success(), "volume info: {}", stderr_str(&out));
-        let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        eprintln!("{mode}: volume info at the crash: {info}");
+    for (round, kill_after) in rounds.iter().enumerate() {
+        let what = format!("{mode} round {}", round + 1);
+        let mut fio = spawn_fio(tmp.path(), &uri);
+        // Generations of later rounds are above those of earlier ones.
+        let gen_base = round as u64 * 1_000_000_000;
+        let (mut writer, log_path) =
+            spawn_writer(tmp.path(), &uri, mode, seed + round as u64, round, gen_base);
+        match *kill_after {
+            KillAfter::Acks(n) => {
+                thread::sleep(Duration::from_secs(2));
+                wait_log(&mut writer, &log_path, Duration::from_secs(120), |l| {
+                    l.acks > n
+                });
+            }
+            KillAfter::Millis(ms) => {
+                wait_log(&mut writer, &log_path, Duration::from_secs(60), |l| {
+                    l.acks > 0
+                });
+                thread::sleep(Duration::from_millis(ms));
+            }
+            KillAfter::AcksAfterFlush(n) => {
+                // Phase 1 done and flushed, then unflushed writes on top.
+                let l = wait_log(&mut writer, &log_path, Duration::from_secs(240), |l| {
+                    l.acks_before_flush.is_some()
+                });
+                let base = l.acks;
+                wait_log(&mut writer, &log_path, Duration::from_secs(120), |l| {
+                    l.acks > base + n
+                });
+            }
+        }
         assert!(
-            info["segments"].as_u64().is_some_and(|n| n > 0),
-            "no segment in the store at the crash: {info}"
+            fio.try_status().is_none(),
+            "fio load ended early: {}",
+            fio.stderr()
         );
+        server.assert_alive();
+
+        // Crash.
+        server.kill9();
+        let kill_time = Instant::now();
+        let st = writer.wait(Duration::from_secs(60));
+        assert_eq!(
+            st.code(),
+            Some(3),
+            "writer should fail with a connection error: {}",
+            writer.stderr()
+        );
+        fio.kill();
+
+        let this = parse_logs(std::slice::from_ref(&log_path));
+        assert!(this.connected && this.error.is_some(), "{:?}", this.error);
+        eprintln!(
+            "{what}: {} writes acknowledged ({} blocks), {} before the flush, writer saw {:?} \
+             {:.1?} after the kill",
+            this.acks,
+            this.acked.len(),
+            this.acks_before_flush.map_or("-".into(), |n| n.to_string()),
+            this.error,
+            kill_time.elapsed()
+        );
+        if let KillAfter::AcksAfterFlush(_) = kill_after {
+            assert!(this.acks_before_flush.unwrap() >= 4 * NBLOCKS as usize);
+        }
+        if round == 0 {
+            // Most blocks of the region were acknowledged at least once.
+            assert!(
+                this.acked.len() as u64 > NBLOCKS * 9 / 10,
+                "{}",
+                this.acked.len()
+            );
+        }
+        logs.push(log_path);
+
+        if server.target.is_strata() {
+            let out = strata_cli(
+                &server.store_dir(),
+                &server.data_dir(),
+                &["volume", "info", "vol", "--json"],
+            );
+            assert!(out.status.success(), "volume info: {}", stderr_str(&out));
+            let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            eprintln!("{what}: volume info at the crash: {info}");
+            if round == 0 {
+                // The run was long enough for segments to reach the store,
+                // so recovery combines store and journal.
+                assert!(
+                    info["segments"].as_u64().is_some_and(|n| n > 0),
+                    "no segment in the store at the crash: {info}"
+                );
+            }
+        }
+
+        // Recover and check everything acknowledged in all rounds so far.
+        server.start_again();
+        check_region(&uri, tmp.path(), &parse_logs(&logs), &what);
     }
 
-    // Recover and check.
-    server.start_again();
-    check_region(&uri, tmp.path(), &log, mode);
-
-    // The recovered volume takes writes normally, and recovery is idempotent:
-    // a second crash without new writes changes nothing.
+    // Recovery is idempotent: a crash without new writes changes nothing.
     server.crash_restart();
-    check_region(&uri, tmp.path(), &log, &format!("{mode}, second recovery"));
+    check_region(
+        &uri,
+        tmp.path(),
+        &parse_logs(&logs),
+        &format!("{mode}, recovery without new writes"),
+    );
     server.assert_alive();
 }
 
+/// Three crashes in a row, each under load on the volume recovered from the
+/// previous one: after a long run, right after the restart, and mid-way.
 #[test]
 fn acknowledged_writes_survive_kill_9_under_load() {
     let _serial = serial();
-    crash_under_load("crash", 11);
+    crash_under_load(
+        "crash",
+        11,
+        &[
+            KillAfter::Acks(30_000),
+            KillAfter::Millis(300),
+            KillAfter::Millis(2500),
+        ],
+    );
 }
 
 #[test]
 fn flushed_writes_survive_kill_9() {
     let _serial = serial();
-    crash_under_load("flush", 12);
+    crash_under_load("flush", 12, &[KillAfter::AcksAfterFlush(2000)]);
 }

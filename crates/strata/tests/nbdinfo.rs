@@ -13,7 +13,12 @@ fn nbdinfo_reports_size_flags_block_sizes_and_contexts() {
     let _serial = serial();
     require_tools(&["nbdinfo"]);
     let tmp = tempfile::TempDir::new().unwrap();
-    let target = Target::under_test(Target::strata(), Target::NbdkitMemory);
+    let port = free_tcp_port();
+    let tcp = format!("tcp:127.0.0.1:{port}");
+    let target = Target::under_test(
+        Target::strata_with(&["--listen", &tcp]),
+        Target::NbdkitMemory,
+    );
     let is_strata = target.is_strata();
     let vols: &[(&str, u64)] = if is_strata {
         &[("vol", 3 * GIB), ("small", 64 * MIB)]
@@ -23,8 +28,13 @@ fn nbdinfo_reports_size_flags_block_sizes_and_contexts() {
     let server = Server::start(tmp.path(), target, vols);
 
     if is_strata {
-        // `serve` prints the NBD URI of each volume it knows before `ready`.
+        // `serve` prints the NBD URI of each volume it knows before `ready`
+        // (for each listener).
         let banner = server.banner.join("\n");
+        assert!(
+            banner.contains(&format!("127.0.0.1:{port}")),
+            "no URI for the TCP listener before ready:\n{banner}"
+        );
         for (name, _) in vols {
             assert!(
                 server
@@ -36,15 +46,22 @@ fn nbdinfo_reports_size_flags_block_sizes_and_contexts() {
         }
     }
 
-    for (name, size) in vols {
-        let e = nbdinfo_json(&server.uri(name));
-        eprintln!("nbdinfo {name}: {e}");
-        assert_eq!(e["export-name"].as_str(), Some(*name), "{e}");
-        assert_eq!(
-            e["export-size"].as_u64(),
-            Some(*size),
-            "size of {name}: {e}"
-        );
+    let mut uris: Vec<(String, &str, u64)> = vols
+        .iter()
+        .map(|(name, size)| (server.uri(name), *name, *size))
+        .collect();
+    if is_strata {
+        // The same exports over the TCP listener.
+        for (name, size) in vols {
+            uris.push((format!("nbd://127.0.0.1:{port}/{name}"), name, *size));
+        }
+    }
+    for (uri, name, size) in &uris {
+        let (uri, name, size) = (uri.as_str(), *name, *size);
+        let e = nbdinfo_json(uri);
+        eprintln!("nbdinfo {uri}: {e}");
+        assert_eq!(e["export-name"].as_str(), Some(name), "{e}");
+        assert_eq!(e["export-size"].as_u64(), Some(size), "size of {uri}: {e}");
         assert_eq!(e["is_read_only"].as_bool(), Some(false), "{e}");
         for flag in [
             "can_flush",
@@ -55,7 +72,7 @@ fn nbdinfo_reports_size_flags_block_sizes_and_contexts() {
             "can_multi_conn",
             "can_cache",
         ] {
-            assert_eq!(e[flag].as_bool(), Some(true), "{flag} of {name}: {e}");
+            assert_eq!(e[flag].as_bool(), Some(true), "{flag} of {uri}: {e}");
         }
         let min = e["block_size_minimum"]
             .as_u64()
@@ -80,15 +97,15 @@ fn nbdinfo_reports_size_flags_block_sizes_and_contexts() {
         );
 
         // A fresh volume is one big hole that reads as zeros.
-        let map = nbdinfo_map(&server.uri(name));
+        let map = nbdinfo_map(uri);
         let total: u64 = map.iter().map(|x| x.length).sum();
         assert_eq!(
-            total, *size,
-            "map of {name} does not cover the export: {map:?}"
+            total, size,
+            "map of {uri} does not cover the export: {map:?}"
         );
         assert!(
             map.iter().all(|x| x.ty & 3 == 3),
-            "fresh {name} not reported as hole,zero: {map:?}"
+            "fresh {uri} not reported as hole,zero: {map:?}"
         );
     }
 

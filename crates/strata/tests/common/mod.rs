@@ -509,13 +509,18 @@ impl Server {
 
     /// Clean shutdown: SIGTERM, wait; asserts exit status 0.
     pub fn stop(&mut self) {
+        self.stop_with(libc::SIGTERM);
+    }
+
+    /// Clean shutdown with `signal` (SIGTERM or SIGINT); asserts exit 0.
+    pub fn stop_with(&mut self, signal: libc::c_int) {
         let Some(child) = self.child.as_ref() else {
             return;
         };
         let pid = child.id() as libc::pid_t;
         // SAFETY: plain kill(2) on our own child.
         unsafe {
-            libc::kill(pid, libc::SIGTERM);
+            libc::kill(pid, signal);
         }
         match self.wait_exit(STOP_TIMEOUT) {
             Some(st) => {
@@ -523,7 +528,7 @@ impl Server {
                     thread::sleep(Duration::from_millis(100));
                     self.stderr_shown = true;
                     panic!(
-                        "{} did not exit 0 on SIGTERM: {st}\n--- server stderr ---\n{}",
+                        "{} did not exit 0 on signal {signal}: {st}\n--- server stderr ---\n{}",
                         self.kind(),
                         tail(&self.stderr(), 8000)
                     );
@@ -533,7 +538,7 @@ impl Server {
                 self.kill9();
                 self.stderr_shown = true;
                 panic!(
-                    "{} did not exit within {STOP_TIMEOUT:?} of SIGTERM\n--- server stderr ---\n{}",
+                    "{} did not exit within {STOP_TIMEOUT:?} of signal {signal}\n--- server stderr ---\n{}",
                     self.kind(),
                     tail(&self.stderr(), 8000)
                 );
@@ -571,6 +576,12 @@ impl Drop for Server {
             );
         }
     }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_tcp_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local_addr").port()
 }
 
 /// Runs the strata CLI against the given store/data dir (no server needed).

@@ -14,10 +14,12 @@ The log file (append only, one record per line) is the ground truth:
 Records are written with os.write after each completion batch, so they reach
 the kernel before the next poll; a killed writer loses no logged record.
 
-Usage: nbd_writer.py URI LOG BASE_OFFSET NBLOCKS MODE SEED [MAX_SECONDS]
+Usage: nbd_writer.py URI LOG BASE_OFFSET NBLOCKS MODE SEED [MAX_SECONDS [GEN_BASE]]
   MODE crash: write until the connection fails (the server is killed).
   MODE flush: write PHASE1 = 4 * NBLOCKS writes, wait for all of them, FLUSH,
               log F, then keep writing until the connection fails.
+  GEN_BASE: generations start above it (later runs on the same volume pass a
+  higher base so generations stay unique and increasing across runs).
 Exit status: 3 when the connection failed (expected), 0 at MAX_SECONDS.
 """
 
@@ -43,6 +45,7 @@ def stamp(idx, gen):
 def main():
     uri, log, base, nblocks, mode, seed = sys.argv[1:7]
     max_seconds = float(sys.argv[7]) if len(sys.argv) > 7 else 120.0
+    gen_base = int(sys.argv[8]) if len(sys.argv) > 8 else 0
     base, nblocks, seed = int(base), int(nblocks), int(seed)
     assert mode in ("crash", "flush")
     rnd = random.Random(seed)
@@ -56,7 +59,7 @@ def main():
     h.connect_uri(uri)
     out(["S connected\n"])
 
-    gen = 0
+    gen = gen_base
     issued = 0
     inflight = {}  # cookie -> (idx, gen, buf)
     busy = set()
