@@ -276,8 +276,12 @@ fn server_rejects_bad_requests_and_keeps_serving() {
     );
 
     // Unknown export: a clear failure on the client, nothing else affected.
+    // With LIBNBD_DEBUG=1 libnbd shows the server's own error message, which
+    // must name the export.
     let out = run_timeout(
-        Command::new("nbdinfo").arg(server.uri("nosuchvolume")),
+        Command::new("nbdinfo")
+            .env("LIBNBD_DEBUG", "1")
+            .arg(server.uri("nosuchvolume")),
         Duration::from_secs(60),
     );
     assert!(
@@ -286,8 +290,15 @@ fn server_rejects_bad_requests_and_keeps_serving() {
         stdout_str(&out)
     );
     let err = stderr_str(&out);
-    eprintln!("nbdinfo unknown export: {}", err.trim());
-    assert!(!err.trim().is_empty());
+    let server_msg = err
+        .lines()
+        .find(|l| l.contains("server error message"))
+        .unwrap_or_else(|| panic!("no error message from the server:\n{err}"));
+    eprintln!("nbdinfo unknown export: {server_msg}");
+    assert!(
+        server_msg.contains("nosuchvolume"),
+        "the server's error does not name the export: {server_msg}"
+    );
     server.assert_alive();
     assert_eq!(
         nbdinfo_json(&server.uri("other"))["export-size"].as_u64(),
@@ -372,4 +383,75 @@ fn server_rejects_bad_requests_and_keeps_serving() {
         Some(256 * MIB)
     );
     server.stop();
+}
+
+/// DESIGN.md: "One writer per volume: opening a volume takes a lease ...; a
+/// second server is refused with a clear message". Two servers writing one
+/// volume would silently corrupt it, so a second `strata serve` on the same
+/// store must not serve a volume that is already being served: it either
+/// exits non-zero with a one-line error, or it runs and refuses the export.
+#[test]
+fn second_server_on_a_served_volume_is_refused() {
+    let _serial = serial();
+    require_tools(&["nbdinfo"]);
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut first = Server::start(tmp.path(), Target::strata(), &[("vol", 64 * MIB)]);
+    let sock2 = tmp.path().join("second.sock");
+    let mut second = BgProcess::spawn(
+        "second strata serve",
+        Command::new(strata_bin())
+            .arg("--store")
+            .arg(first.store_dir())
+            .arg("--data-dir")
+            .arg(tmp.path().join("data-of-second-host"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock2.display())),
+    );
+    // Wait for `ready` or an exit.
+    let t0 = std::time::Instant::now();
+    let exited = loop {
+        if let Some(st) = second.try_status() {
+            break Some(st);
+        }
+        if second.stdout().lines().any(|l| l.trim() == "ready") {
+            break None;
+        }
+        assert!(
+            t0.elapsed() < READY_TIMEOUT,
+            "second server neither ready nor exited: {}",
+            second.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    match exited {
+        Some(st) => {
+            assert!(!st.success(), "second server exited 0");
+            eprintln!("second server refused: {}", second.stderr().trim());
+        }
+        None => {
+            let out = run_timeout(
+                Command::new("nbdinfo").arg(nbd_uri(&sock2, "vol")),
+                Duration::from_secs(60),
+            );
+            assert!(
+                !out.status.success(),
+                "a second server serves volume `vol` while the first one does \
+                 (no lease): {}",
+                stdout_str(&out)
+            );
+            eprintln!(
+                "second server refuses the export: {}",
+                stderr_str(&out).trim()
+            );
+        }
+    }
+    second.kill();
+    // The first server is unaffected.
+    first.assert_alive();
+    assert_eq!(
+        nbdinfo_json(&first.uri("vol"))["export-size"].as_u64(),
+        Some(64 * MIB)
+    );
+    first.stop();
 }
