@@ -17,7 +17,7 @@ use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::manifest::Manifest;
 use crate::read_path::SharedCaches;
-use crate::recovery::{journal_path, list_segments, read_manifest, store_error};
+use crate::recovery::{journal_path, list_segments, read_manifest, store_error, take_ownership};
 use crate::volume::Volume;
 
 /// Largest volume accepted: 1 PiB.
@@ -166,6 +166,9 @@ impl Engine {
             )));
         }
         let manifest = read_manifest(&self.store, name).await?;
+        let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
+        // Refuse while any server holds the volume; hold it while deleting.
+        let _ownership = take_ownership(&self.store, &self.config, &manifest, &uuid).await?;
         let names = ObjectNames::new(name);
         let os = self.store.object_store();
         // The manifest goes first: from then on the volume does not exist,
@@ -186,7 +189,7 @@ impl Engine {
                 Err(e) => return Err(store_error(&self.store, "delete", &o.location)(e)),
             }
         }
-        if let Ok(uuid) = manifest.uuid_bytes() {
+        {
             let jpath = journal_path(&self.config, name, &uuid);
             match std::fs::remove_file(&jpath) {
                 Ok(()) => {}

@@ -30,6 +30,9 @@ pub enum VolumeError {
         #[source]
         source: std::io::Error,
     },
+    /// Someone else is serving the volume.
+    #[error("{0}")]
+    Busy(String),
     #[error("volume {0:?} is closed")]
     Closed(String),
     #[error("volume {name:?} stopped accepting writes: {detail}")]
@@ -44,6 +47,7 @@ impl VolumeError {
             VolumeError::NotFound(_) => ErrorKind::NotFound,
             VolumeError::Invalid(_) => ErrorKind::InvalidInput,
             VolumeError::OutOfRange { .. } => ErrorKind::InvalidInput,
+            VolumeError::Busy(_) => ErrorKind::ResourceBusy,
             _ => ErrorKind::Other,
         }
     }

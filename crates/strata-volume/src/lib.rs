@@ -19,6 +19,7 @@ mod engine;
 mod error;
 mod extent_map;
 mod journal;
+mod lease;
 mod manifest;
 mod read_path;
 mod recovery;

@@ -30,6 +30,7 @@ use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::extent_map::{ExtentMap, Target};
 use crate::journal::{self, record_bytes, Journal, Position, Superblock};
+use crate::lease::{self, LocalLock};
 use crate::manifest::Manifest;
 use crate::read_path::SharedCaches;
 use crate::segment::{EntryKind, JournalSpan, OpenSegment};
@@ -95,8 +96,39 @@ pub(crate) async fn list_segments(
 }
 
 pub(crate) fn journal_path(config: &VolumeConfig, name: &str, uuid: &[u8; 16]) -> PathBuf {
+    local_path(config, name, uuid, "journal")
+}
+
+pub(crate) fn lock_path(config: &VolumeConfig, name: &str, uuid: &[u8; 16]) -> PathBuf {
+    local_path(config, name, uuid, "lock")
+}
+
+fn local_path(config: &VolumeConfig, name: &str, uuid: &[u8; 16], ext: &str) -> PathBuf {
     let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    config.journal_dir().join(format!("{name}-{hex}.journal"))
+    config.journal_dir().join(format!("{name}-{hex}.{ext}"))
+}
+
+/// Takes the local lock and the store lease of a volume (see `lease.rs`).
+pub(crate) async fn take_ownership(
+    store: &Store,
+    config: &VolumeConfig,
+    manifest: &Manifest,
+    uuid: &[u8; 16],
+) -> Result<(LocalLock, String), VolumeError> {
+    std::fs::create_dir_all(config.journal_dir()).map_err(|source| VolumeError::Io {
+        what: format!(
+            "create journal directory {}",
+            config.journal_dir().display()
+        ),
+        source,
+    })?;
+    let lock = lease::lock_locally(&lock_path(config, &manifest.name, uuid), &manifest.name)?;
+    let holder = lease::holder_id(&config.data_dir);
+    let names = ObjectNames::new(&manifest.name);
+    let current = lease::read_lease(store, &names).await?;
+    lease::check_free(current.as_ref(), &holder, &manifest.name)?;
+    lease::write_lease(store, &names, &holder).await?;
+    Ok((lock, holder))
 }
 
 struct Recovered {
@@ -119,15 +151,9 @@ impl Volume {
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
         let started = std::time::Instant::now();
+        let (local_lock, holder) = take_ownership(&store, &config, &manifest, &uuid).await?;
         let rec = recover_from_store(&store, &names, &manifest, uuid).await?;
         let jpath = journal_path(&config, name, &uuid);
-        std::fs::create_dir_all(config.journal_dir()).map_err(|source| VolumeError::Io {
-            what: format!(
-                "create journal directory {}",
-                config.journal_dir().display()
-            ),
-            source,
-        })?;
         let (sb, start) = choose_journal(&jpath, &config, uuid, rec.span)?;
         let mut st = State {
             map: rec.map,
@@ -165,6 +191,8 @@ impl Volume {
             manifest: tokio::sync::Mutex::new(manifest),
             closed: AtomicBool::new(false),
             buffer_pool: Mutex::new(Vec::new()),
+            local_lock: Mutex::new(Some(local_lock)),
+            holder,
             segments_uploaded: AtomicU64::new(0),
             bytes_uploaded: AtomicU64::new(0),
             store_reads: AtomicU64::new(0),
@@ -172,6 +200,7 @@ impl Volume {
         });
         vol.start_replayed_uploads();
         vol.start_age_sealer();
+        vol.start_lease_renewal();
         tracing::info!(volume = %name, replayed_records = replayed, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
         Ok(vol)
     }
@@ -184,6 +213,26 @@ impl Volume {
             let vol = self.clone();
             tokio::spawn(async move { vol.upload(s, None).await });
         }
+    }
+
+    /// Renews the store lease every third of its TTL while open.
+    fn start_lease_renewal(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let period = std::time::Duration::from_millis(lease::LEASE_TTL_MS / 3);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(vol) = weak.upgrade() else { return };
+                if vol.closed.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                if let Err(e) = lease::write_lease(&vol.store, &vol.names, &vol.holder).await {
+                    tracing::warn!(volume = %vol.name, error = %e, "cannot renew the lease; retrying");
+                }
+            }
+        });
     }
 
     /// Seals segments that are old enough, so idle volumes reach the store.

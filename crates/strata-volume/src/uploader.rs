@@ -197,6 +197,10 @@ impl Volume {
             .await;
         self.journal.shutdown();
         self.space.notify_waiters();
+        // Everything is in the store: let another server take the volume.
+        let released = crate::lease::release(&self.store, &self.names, &self.holder).await;
+        self.local_lock.lock().take();
+        released?;
         tracing::info!(volume = %self.name, "closed cleanly");
         Ok(())
     }

@@ -93,6 +93,10 @@ pub struct Volume {
     /// Recycled segment buffers: fresh memory costs page faults (measured
     /// here: first-touch pages cost 10-20x a reused page).
     pub(crate) buffer_pool: Mutex<Vec<Vec<u8>>>,
+    /// Held while open; dropped on close (see `lease.rs`).
+    pub(crate) local_lock: Mutex<Option<crate::lease::LocalLock>>,
+    /// Our lease holder id.
+    pub(crate) holder: String,
     pub(crate) segments_uploaded: AtomicU64,
     pub(crate) bytes_uploaded: AtomicU64,
     pub(crate) store_reads: AtomicU64,

@@ -324,3 +324,35 @@ async fn a_corrupt_segment_is_reported_not_served() {
     assert!(err.to_string().contains("checksum mismatch"), "{err}");
     engine.close_all().await.unwrap();
 }
+
+#[tokio::test]
+async fn one_writer_per_volume() {
+    for (backend, store, dir) in backends() {
+        let first = Engine::new(store.clone(), small_config(&dir.path().join("a"))).unwrap();
+        first.create_volume("v", VOLUME_BYTES).await.unwrap();
+        let vol = first.open_volume("v").await.unwrap();
+        vol.write(0, b"first", false).await.unwrap();
+        // Another data directory (another host): refused, naming the holder.
+        let other = Engine::new(store.clone(), small_config(&dir.path().join("b"))).unwrap();
+        let err = other.open_volume("v").await.unwrap_err();
+        assert!(matches!(err, VolumeError::Busy(_)), "{backend}: {err}");
+        assert!(err.to_string().contains("being served by"), "{err}");
+        assert!(matches!(
+            other.delete_volume("v").await,
+            Err(VolumeError::Busy(_))
+        ));
+        // The same data directory in another engine (process): refused too.
+        let same = Engine::new(store.clone(), small_config(&dir.path().join("a"))).unwrap();
+        assert!(
+            matches!(same.open_volume("v").await, Err(VolumeError::Busy(_))),
+            "{backend}"
+        );
+        // A clean close hands the volume over at once.
+        first.close_all().await.unwrap();
+        let vol = other.open_volume("v").await.unwrap();
+        let mut buf = [0u8; 5];
+        vol.read(0, &mut buf).await.unwrap();
+        assert_eq!(&buf, b"first", "{backend}");
+        other.close_all().await.unwrap();
+    }
+}
