@@ -190,6 +190,7 @@ fn spawn_fio(dir: &Path, uri: &str) -> BgProcess {
         "fio",
         Command::new("fio")
             .current_dir(dir)
+            .arg("--thread")
             .arg("--name=load")
             .arg("--ioengine=nbd")
             .arg(format!("--uri={uri}"))

@@ -118,7 +118,8 @@ pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Output {
     let desc = format!("{cmd:?}");
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::piped())
+        .process_group(0);
     die_with_parent(cmd);
     let mut child = cmd
         .spawn()
@@ -146,7 +147,7 @@ pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Output {
             break st;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            kill_group(&child);
             let _ = child.wait();
             let _ = t1.join();
             let _ = t2.join();
@@ -617,10 +618,13 @@ pub struct BgProcess {
 }
 
 impl BgProcess {
+    /// Spawns `cmd` in its own process group; `kill` (and drop) kill the
+    /// whole group, so helpers it forks (fio's job processes) go too.
     pub fn spawn(name: &str, cmd: &mut Command) -> BgProcess {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            .process_group(0);
         die_with_parent(cmd);
         let desc = format!("{cmd:?}");
         let mut child = cmd
@@ -680,8 +684,20 @@ impl BgProcess {
 
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
+            kill_group(&c);
             let _ = c.wait();
+        }
+    }
+}
+
+/// SIGKILL to the process group led by `child` (spawned with
+/// `process_group(0)`), or to the child alone if it already exited.
+fn kill_group(child: &Child) {
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) on a process group we created (pgid = our child's pid).
+    unsafe {
+        if libc::kill(-pid, libc::SIGKILL) != 0 {
+            libc::kill(pid, libc::SIGKILL);
         }
     }
 }
@@ -914,6 +930,8 @@ pub fn fio_json(dir: &Path, args: &[String], timeout: Duration) -> Vec<serde_jso
     let out = run_timeout(
         Command::new("fio")
             .current_dir(dir)
+            // Jobs as threads: one process to watch and to kill.
+            .arg("--thread")
             .arg("--output-format=json")
             .args(args),
         timeout,
