@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::budget::ByteBudget;
 use crate::config::ServerConfig;
 use crate::device::ExportProvider;
 use crate::handshake::{self, Outcome};
@@ -18,6 +19,8 @@ use crate::transmission;
 pub(crate) struct Shared<P> {
     pub provider: Arc<P>,
     pub config: ServerConfig,
+    /// The server-wide budget of READ/WRITE data in flight.
+    pub byte_budget: ByteBudget,
     /// Turns true when the server shuts down.
     pub stop: watch::Receiver<bool>,
 }
@@ -63,7 +66,14 @@ async fn serve_stream<P: ExportProvider, S: SplitStream>(
     let name = export.name.clone();
     let structured = export.structured_replies;
     tracing::info!(conn = id, peer, export = ?name, structured, "transmission started");
-    let end = transmission::serve(stream, export, &shared.config, &mut stop).await;
+    let end = transmission::serve(
+        stream,
+        export,
+        &shared.config,
+        &shared.byte_budget,
+        &mut stop,
+    )
+    .await;
     if end.is_fault() {
         tracing::warn!(conn = id, peer, export = ?name, "connection closed: {end}");
     } else {

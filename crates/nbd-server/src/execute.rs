@@ -51,6 +51,17 @@ pub(crate) enum Op {
     },
 }
 
+impl Op {
+    /// Bytes of data the request carries or asks for: what it takes of the
+    /// server's byte budget (see `budget`).
+    pub(crate) fn data_bytes(&self) -> u32 {
+        match self {
+            Op::Read { length_bytes, .. } | Op::Write { length_bytes, .. } => *length_bytes,
+            _ => 0,
+        }
+    }
+}
+
 /// Runs `op` and returns the reply for `handle`.
 pub(crate) async fn execute<D: BlockDevice>(export: &Export<D>, handle: u64, op: Op) -> Reply {
     let device = &*export.device;

@@ -10,12 +10,14 @@
 //! - `connection`: one connection: handshake then transmission, logging.
 //! - `handshake`: greeting and option haggling.
 //! - `export`: negotiated export parameters (flags, block sizes).
-//! - `transmission`: request reader, in-flight bound, concurrent dispatch.
+//! - `transmission`: request reader, in-flight bounds, concurrent dispatch.
+//! - `budget`: the in-flight bounds: request count, server-wide data bytes.
 //! - `validate`: request checks before the device sees a request.
 //! - `execute`: device calls and reply building.
 //! - `reply`: reply bytes and errno mapping.
 //! - `writer`: the batching reply writer.
 
+mod budget;
 mod config;
 mod connection;
 mod device;

@@ -187,6 +187,15 @@ pub(crate) enum Accepted {
     Tcp(TcpStream, String),
 }
 
+impl Accepted {
+    /// The label for logs.
+    pub(crate) fn peer(&self) -> &str {
+        match self {
+            Accepted::Unix(_, peer) | Accepted::Tcp(_, peer) => peer,
+        }
+    }
+}
+
 /// A connected stream that splits into independently owned halves.
 pub(crate) trait SplitStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     type ReadHalf: AsyncRead + Unpin + Send + 'static;

@@ -1,16 +1,28 @@
 //! The server: binds its listeners, accepts connections and runs each as
-//! its own task, and shuts down in order (stop accepting, let in-flight
-//! requests finish within the grace period, cut what remains, remove our
-//! unix socket files).
+//! its own task (at most `max_connections`), and shuts down in order (stop
+//! accepting, let in-flight requests finish within the grace period, cut
+//! what remains, remove our unix socket files).
+//!
+//! Connections over `max_connections` are accepted and closed at once,
+//! not left unaccepted. Left in the kernel's listen backlog, a client sees
+//! its connect succeed and then hangs without a word (TCP clients beyond
+//! the backlog retry SYNs for minutes), while the server logs nothing; when
+//! a slot frees, it serves a backlog of connections whose clients may have
+//! given up long ago. Closed at once, the client gets an immediate,
+//! explicit failure (end of stream before the greeting) for its retry logic
+//! (qemu `reconnect-delay`, `nbd-client -persist`) or its user, and the
+//! operator a warning that names the limit. A refusal costs an accept and a
+//! close: no task, no memory, and the warnings are rate-limited.
 
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 
+use crate::budget::ByteBudget;
 use crate::config::ServerConfig;
 use crate::connection::{self, Shared};
 use crate::device::ExportProvider;
@@ -18,6 +30,8 @@ use crate::listen::{self, Accepted, ListenAddr, Listener, SocketFile};
 
 /// Pause after a failed accept (e.g. out of file descriptors).
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// Least time between two warnings about connections refused at the limit.
+const REFUSAL_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// An NBD server over the exports of `P`, bound and ready to [`run`](Server::run).
 pub struct Server<P: ExportProvider> {
@@ -31,12 +45,14 @@ pub struct Server<P: ExportProvider> {
 impl<P: ExportProvider> Server<P> {
     /// Binds every address. A stale unix socket file (nobody listening) is
     /// replaced; a live one, or any other failure, is an error naming the
-    /// address. On error nothing stays bound.
+    /// address. On error nothing stays bound. An invalid `config` (see
+    /// [`ServerConfig::validate`]) is an `InvalidInput` error.
     pub async fn bind(
         provider: Arc<P>,
         addrs: &[ListenAddr],
         config: ServerConfig,
     ) -> io::Result<Self> {
+        config.validate()?;
         if addrs.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -81,8 +97,12 @@ impl<P: ExportProvider> Server<P> {
         let shared = Arc::new(Shared {
             provider: Arc::clone(&self.provider),
             config: self.config.clone(),
+            byte_budget: ByteBudget::new(self.config.max_in_flight_bytes),
             stop,
         });
+        let max_connections = self.config.max_connections.min(Semaphore::MAX_PERMITS);
+        let slots = Arc::new(Semaphore::new(max_connections));
+        let mut refusals = Refusals::default();
         let (accepted_sender, mut accepted) = mpsc::channel(64);
         let mut acceptors = JoinSet::new();
         for (listener, addr) in std::mem::take(&mut self.listeners) {
@@ -97,10 +117,23 @@ impl<P: ExportProvider> Server<P> {
                 () = &mut shutdown => break,
                 incoming = accepted.recv() => {
                     let Some(incoming) = incoming else { break };
+                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                        // Dropping the stream closes the connection.
+                        refusals.refuse(incoming.peer(), max_connections);
+                        continue;
+                    };
                     next_id += 1;
-                    connections.spawn(connection::serve(Arc::clone(&shared), incoming, next_id));
+                    let serve = connection::serve(Arc::clone(&shared), incoming, next_id);
+                    connections.spawn(async move {
+                        serve.await;
+                        // The slot frees as the connection ends, before it is joined.
+                        drop(slot);
+                    });
                 }
                 Some(joined) = connections.join_next(), if !connections.is_empty() => log_join(joined),
+                () = sleep_until(refusals.report_due()), if refusals.report_due().is_some() => {
+                    refusals.report(max_connections);
+                }
             }
         }
         tracing::info!(connections = connections.len(), "shutting down");
@@ -158,6 +191,65 @@ async fn accept_loop(listener: Listener, addr: ListenAddr, sender: mpsc::Sender<
                 tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
             }
         }
+    }
+}
+
+/// Warnings about connections refused at the limit: the first at once,
+/// then at most one per `REFUSAL_WARNING_INTERVAL` counting the refusals
+/// since the previous one (the run loop calls `report` when it is due).
+#[derive(Default)]
+struct Refusals {
+    last_warning: Option<Instant>,
+    /// Refused since the last warning.
+    unreported: u64,
+}
+
+impl Refusals {
+    fn refuse(&mut self, peer: &str, max_connections: usize) {
+        self.unreported += 1;
+        tracing::debug!(peer, max_connections, "connection limit reached; closing");
+        let now = Instant::now();
+        let recent = self
+            .last_warning
+            .is_some_and(|last| now.duration_since(last) < REFUSAL_WARNING_INTERVAL);
+        if !recent {
+            tracing::warn!(
+                peer,
+                max_connections,
+                "connection limit reached; closing new connections at once"
+            );
+            self.last_warning = Some(now);
+            self.unreported = 0;
+        }
+    }
+
+    /// When the pending count is to be reported, if any.
+    fn report_due(&self) -> Option<Instant> {
+        match self.unreported {
+            0 => None,
+            _ => self
+                .last_warning
+                .map(|last| last + REFUSAL_WARNING_INTERVAL),
+        }
+    }
+
+    fn report(&mut self, max_connections: usize) {
+        tracing::warn!(
+            max_connections,
+            refused = self.unreported,
+            "connection limit reached; closed more connections since the warning {} s ago",
+            REFUSAL_WARNING_INTERVAL.as_secs()
+        );
+        self.last_warning = Some(Instant::now());
+        self.unreported = 0;
+    }
+}
+
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -3,9 +3,11 @@
 //! to the device concurrently: the request's future is polled once in place
 //! (a device that answers at once costs no task) and spawned as its own task
 //! if it has to wait, so replies go out in completion order. A semaphore of
-//! `max_in_flight_per_connection` permits bounds the requests in flight;
-//! when none is free the reader stops reading. Replies go through one queue
-//! to the writer task (see `writer`).
+//! `max_in_flight_per_connection` permits bounds the requests in flight,
+//! and the server-wide byte budget the READ/WRITE data (see `budget`); when
+//! a request's permits are not free the reader stops reading (TCP
+//! back-pressure). Replies go through one queue to the writer task (see
+//! `writer`), which releases the permits once a reply is written.
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -17,9 +19,10 @@ use std::task::Poll;
 use nbd_proto::consts::*;
 use nbd_proto::RequestHeader;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
-use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::budget::{self, ByteBudget, Permits};
 use crate::config::ServerConfig;
 use crate::device::BlockDevice;
 use crate::execute::{execute, Op};
@@ -105,12 +108,21 @@ impl<D> Connection<D> {
     }
 }
 
+/// The in-flight bounds the reader waits on, in the order it takes them.
+struct Bounds {
+    /// `max_in_flight_per_connection` permits, one per request.
+    requests: Arc<Semaphore>,
+    /// The server-wide budget of READ/WRITE data.
+    bytes: ByteBudget,
+}
+
 /// Serves requests until the client leaves, breaks the protocol, or `stop`
 /// turns true; then lets in-flight requests finish and their replies go out.
 pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
     stream: S,
     export: Export<D>,
     config: &ServerConfig,
+    byte_budget: &ByteBudget,
     stop: &mut watch::Receiver<bool>,
 ) -> End {
     let (read_half, write_half) = stream.split_owned();
@@ -122,12 +134,15 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
     let permit_count = config
         .max_in_flight_per_connection
         .clamp(1, Semaphore::MAX_PERMITS);
-    let permits = Arc::new(Semaphore::new(permit_count));
+    let bounds = Bounds {
+        requests: Arc::new(Semaphore::new(permit_count)),
+        bytes: byte_budget.clone(),
+    };
     let discard_limit_bytes = MIN_DISCARD_LIMIT_BYTES.max(config.max_request_bytes.into());
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let finish = tokio::select! {
         biased;
-        end = read_requests(&mut reader, &connection, &permits, &sender, discard_limit_bytes) => {
+        end = read_requests(&mut reader, &connection, &bounds, &sender, discard_limit_bytes) => {
             Finish::Reader(end)
         }
         // The writer only ends this early when writing failed: stop reading.
@@ -187,13 +202,15 @@ impl<T> Drop for AbortOnDrop<T> {
 async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
     reader: &mut BufReader<R>,
     connection: &Arc<Connection<D>>,
-    permits: &Arc<Semaphore>,
+    bounds: &Bounds,
     sender: &ReplySender,
     discard_limit_bytes: u64,
 ) -> End {
     let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
     loop {
-        let Ok(permit) = Arc::clone(permits).acquire_owned().await else {
+        // First the count permit, then (below) the byte permit: the one
+        // order everywhere.
+        let Ok(count_permit) = budget::acquire(&bounds.requests, 1).await else {
             return End::Protocol("request limiter closed".into());
         };
         match read_header(reader, &mut header_bytes).await {
@@ -217,14 +234,26 @@ async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
                         return end;
                     }
                 }
-                refuse(connection, &header, rejection, sender, permit);
+                let permits = Permits {
+                    _count: count_permit,
+                    _bytes: None,
+                };
+                refuse(connection, &header, rejection, sender, permits);
                 continue;
             }
+        };
+        // Before the WRITE payload is read or the READ buffer allocated.
+        let Ok(byte_permit) = bounds.bytes.acquire(op.data_bytes()).await else {
+            return End::Protocol("byte budget closed".into());
+        };
+        let permits = Permits {
+            _count: count_permit,
+            _bytes: byte_permit,
         };
         if let Err(error) = read_payload(reader, &mut op).await {
             return End::from_read_error(error);
         }
-        dispatch(connection, header.handle, op, sender, permit).await;
+        dispatch(connection, header.handle, op, sender, permits).await;
     }
 }
 
@@ -234,7 +263,7 @@ fn refuse<D>(
     header: &RequestHeader,
     rejection: Rejection,
     sender: &ReplySender,
-    permit: OwnedSemaphorePermit,
+    permits: Permits,
 ) {
     let structured = connection.export.structured_replies;
     let reply = Reply::error(
@@ -245,7 +274,7 @@ fn refuse<D>(
     );
     let _ = sender.send(Outgoing {
         reply,
-        _permit: permit,
+        _permits: permits,
     });
 }
 
@@ -308,14 +337,14 @@ async fn dispatch<D: BlockDevice>(
     handle: u64,
     op: Op,
     sender: &ReplySender,
-    permit: OwnedSemaphorePermit,
+    permits: Permits,
 ) {
     let mut task = Box::pin(run_request(
         Arc::clone(connection),
         handle,
         op,
         sender.clone(),
-        permit,
+        permits,
     ));
     let finished = poll_fn(|context| Poll::Ready(task.as_mut().poll(context).is_ready())).await;
     if !finished {
@@ -338,12 +367,12 @@ async fn run_request<D: BlockDevice>(
     handle: u64,
     op: Op,
     sender: ReplySender,
-    permit: OwnedSemaphorePermit,
+    permits: Permits,
 ) {
     let reply = execute(&connection.export, handle, op).await;
     // A closed queue means the client is gone; the reply is moot.
     let _ = sender.send(Outgoing {
         reply,
-        _permit: permit,
+        _permits: permits,
     });
 }

@@ -1,7 +1,9 @@
 //! The single writer of a connection: takes finished replies from a queue
 //! and writes everything queued with one vectored write (so many ready
 //! replies cost one syscall), then waits for more. Each reply carries the
-//! in-flight permit of its request, released once the reply is written.
+//! in-flight permits of its request (see `budget`), released once the
+//! reply is written. The writer never waits for a permit itself, so
+//! permits always come back while the client reads its replies.
 
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,17 +11,17 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
-use tokio::sync::OwnedSemaphorePermit;
 
+use crate::budget::Permits;
 use crate::reply::Reply;
 
 /// Most replies gathered into one vectored write (well under IOV_MAX).
 const MAX_BATCH_REPLIES: usize = 64;
 
-/// A finished reply and the permit of the request it answers.
+/// A finished reply and the permits of the request it answers.
 pub(crate) struct Outgoing {
     pub reply: Reply,
-    pub _permit: OwnedSemaphorePermit,
+    pub _permits: Permits,
 }
 
 pub(crate) type ReplySender = UnboundedSender<Outgoing>;

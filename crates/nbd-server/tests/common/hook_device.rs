@@ -1,5 +1,6 @@
 //! A MemDevice wrapper whose reads can be held at a gate or slowed down,
-//! counting how many reads are in the device at once.
+//! counting how many reads are in the device at once; with a delay on every
+//! read and write, recording the most data bytes it held at once.
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,8 +18,13 @@ pub struct HookDevice {
     pub gate: Option<Arc<Semaphore>>,
     /// Reads at this offset take this long.
     pub slow_read: Option<(u64, Duration)>,
+    /// Every read and write takes this long.
+    pub delay: Option<Duration>,
     pub reads_in_device: AtomicUsize,
     pub max_reads_in_device: AtomicUsize,
+    /// Data bytes of the reads and writes in the device right now.
+    pub bytes_in_device: AtomicUsize,
+    pub max_bytes_in_device: AtomicUsize,
 }
 
 impl HookDevice {
@@ -27,9 +33,31 @@ impl HookDevice {
             inner,
             gate: None,
             slow_read: None,
+            delay: None,
             reads_in_device: AtomicUsize::new(0),
             max_reads_in_device: AtomicUsize::new(0),
+            bytes_in_device: AtomicUsize::new(0),
+            max_bytes_in_device: AtomicUsize::new(0),
         }
+    }
+
+    /// A device whose every read and write takes `delay`.
+    pub fn slow(inner: MemDevice, delay: Duration) -> HookDevice {
+        HookDevice {
+            delay: Some(delay),
+            ..HookDevice::new(inner)
+        }
+    }
+
+    /// Counts `bytes` as held until the guard drops, and waits the delay.
+    async fn hold(&self, bytes: usize) -> InDevice<'_> {
+        let now = self.bytes_in_device.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.max_bytes_in_device.fetch_max(now, Ordering::SeqCst);
+        let held = InDevice(&self.bytes_in_device, bytes);
+        if let Some(delay) = self.delay {
+            tokio::time::sleep(delay).await;
+        }
+        held
     }
 
     pub fn gated(inner: MemDevice, gate: Arc<Semaphore>) -> HookDevice {
@@ -40,11 +68,12 @@ impl HookDevice {
     }
 }
 
-struct InDevice<'a>(&'a AtomicUsize);
+/// Takes its amount off the counter when dropped.
+struct InDevice<'a>(&'a AtomicUsize, usize);
 
 impl Drop for InDevice<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.fetch_sub(self.1, Ordering::SeqCst);
     }
 }
 
@@ -61,7 +90,7 @@ impl BlockDevice for HookDevice {
         let now = self.reads_in_device.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_reads_in_device.fetch_max(now, Ordering::SeqCst);
         // Counts down even when the read is cancelled.
-        let _in_device = InDevice(&self.reads_in_device);
+        let _in_device = InDevice(&self.reads_in_device, 1);
         if let Some(gate) = &self.gate {
             gate.acquire().await.unwrap().forget();
         }
@@ -70,10 +99,12 @@ impl BlockDevice for HookDevice {
                 tokio::time::sleep(delay).await;
             }
         }
+        let _held = self.hold(buf.len()).await;
         self.inner.read(offset_bytes, buf).await
     }
 
     async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let _held = self.hold(data.len()).await;
         self.inner.write(offset_bytes, data, fua).await
     }
 

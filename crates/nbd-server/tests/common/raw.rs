@@ -202,39 +202,7 @@ impl RawClient {
 
     /// Like `read_reply`, with the data length of a simple reply chosen by handle.
     pub async fn read_reply_with(&mut self, read_length: impl Fn(u64) -> usize) -> RawReply {
-        let mut magic = [0u8; 4];
-        self.stream.read_exact(&mut magic).await.unwrap();
-        match ReplyKind::detect(&magic).unwrap() {
-            ReplyKind::Simple => {
-                let mut rest = [0u8; SIMPLE_REPLY_HEADER_BYTES];
-                rest[..4].copy_from_slice(&magic);
-                self.stream.read_exact(&mut rest[4..]).await.unwrap();
-                let header = SimpleReplyHeader::decode(&rest).unwrap();
-                let mut data = vec![
-                    0u8;
-                    if header.error == 0 {
-                        read_length(header.handle)
-                    } else {
-                        0
-                    }
-                ];
-                self.stream.read_exact(&mut data).await.unwrap();
-                RawReply::Simple {
-                    error: header.error,
-                    handle: header.handle,
-                    data,
-                }
-            }
-            ReplyKind::Structured => {
-                let mut rest = [0u8; STRUCTURED_REPLY_HEADER_BYTES];
-                rest[..4].copy_from_slice(&magic);
-                self.stream.read_exact(&mut rest[4..]).await.unwrap();
-                let header = StructuredReplyHeader::decode(&rest).unwrap();
-                let mut payload = vec![0u8; header.length_bytes as usize];
-                self.stream.read_exact(&mut payload).await.unwrap();
-                RawReply::Chunk { header, payload }
-            }
-        }
+        read_reply_from(&mut self.stream, read_length).await
     }
 
     /// Reads until end of stream; true if the server closed the connection.
@@ -246,6 +214,47 @@ impl RawClient {
                 Ok(_) => continue,
                 Err(_) => return true,
             }
+        }
+    }
+}
+
+/// Reads one reply from `stream` (e.g. the read half of a split client);
+/// a successful simple reply carries `read_length(handle)` bytes of data.
+pub async fn read_reply_from<R: AsyncRead + Unpin + ?Sized>(
+    stream: &mut R,
+    read_length: impl Fn(u64) -> usize,
+) -> RawReply {
+    let mut magic = [0u8; 4];
+    stream.read_exact(&mut magic).await.unwrap();
+    match ReplyKind::detect(&magic).unwrap() {
+        ReplyKind::Simple => {
+            let mut rest = [0u8; SIMPLE_REPLY_HEADER_BYTES];
+            rest[..4].copy_from_slice(&magic);
+            stream.read_exact(&mut rest[4..]).await.unwrap();
+            let header = SimpleReplyHeader::decode(&rest).unwrap();
+            let mut data = vec![
+                0u8;
+                if header.error == 0 {
+                    read_length(header.handle)
+                } else {
+                    0
+                }
+            ];
+            stream.read_exact(&mut data).await.unwrap();
+            RawReply::Simple {
+                error: header.error,
+                handle: header.handle,
+                data,
+            }
+        }
+        ReplyKind::Structured => {
+            let mut rest = [0u8; STRUCTURED_REPLY_HEADER_BYTES];
+            rest[..4].copy_from_slice(&magic);
+            stream.read_exact(&mut rest[4..]).await.unwrap();
+            let header = StructuredReplyHeader::decode(&rest).unwrap();
+            let mut payload = vec![0u8; header.length_bytes as usize];
+            stream.read_exact(&mut payload).await.unwrap();
+            RawReply::Chunk { header, payload }
         }
     }
 }
