@@ -83,6 +83,15 @@ pub struct ServeArgs {
     /// Requests in flight per connection before the server stops reading.
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub max_in_flight: usize,
+
+    /// READ/WRITE data in flight across all connections; clients wait
+    /// (the server stops reading) beyond it. At least 32 MiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_in_flight_bytes: u64,
+
+    /// Connections served at once; more are closed at once (and logged).
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_connections: usize,
 }
 
 /// Memory and disk budgets of the engine.
