@@ -537,6 +537,14 @@ impl Journal {
         }
     }
 
+    /// The error that stopped the writer thread, if it stopped.
+    pub fn failure_detail(&self) -> Option<String> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Some(self.shared.failure.lock().clone().unwrap_or_default());
+        }
+        None
+    }
+
     /// jseq of the newest record appended so far (0 if none).
     pub fn last_appended_jseq(&self) -> u64 {
         self.shared.state.lock().next_jseq - 1

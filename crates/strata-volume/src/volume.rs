@@ -240,6 +240,14 @@ impl Volume {
     ) -> Result<Option<u64>, VolumeError> {
         let cost = record_bytes(data.len());
         let mut st = self.state.lock();
+        if st.failed.is_none() {
+            // A journal that cannot write fails the volume for writes at once
+            // (its records would otherwise queue until the ring is full).
+            st.failed = self
+                .journal
+                .failure_detail()
+                .map(|d| format!("journal write failed: {d}"));
+        }
         if let Some(detail) = &st.failed {
             return Err(VolumeError::Failed {
                 name: self.name.clone(),
