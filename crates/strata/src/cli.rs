@@ -4,8 +4,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::size::parse_size;
-
 /// strata: log-structured virtual disks on object storage, served over NBD.
 ///
 /// Volumes live in a store (a local directory by default); writes land in a
@@ -44,8 +42,8 @@ pub enum VolumeCommand {
         /// Volume name: letters, digits, '.', '_', '-' (at most 64).
         name: String,
         /// Size, e.g. 10GiB, 512M, 1T (K/M/G/T are powers of 1024).
-        #[arg(long, value_parser = parse_size)]
-        size: u64,
+        #[arg(long)]
+        size: String,
     },
     /// List volumes.
     List {
@@ -86,20 +84,21 @@ pub struct ServeArgs {
 
     /// READ/WRITE data in flight across all connections; clients wait
     /// (the server stops reading) beyond it. At least 32 MiB.
-    #[arg(long, default_value = "256MiB", value_parser = parse_size, value_name = "SIZE")]
-    pub max_in_flight_bytes: u64,
+    #[arg(long, default_value = "256MiB", value_name = "SIZE")]
+    pub max_in_flight_bytes: String,
 
     /// Connections served at once; more are closed at once (and logged).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_connections: usize,
 }
 
-/// Memory and disk budgets of the engine.
+/// Memory and disk budgets of the engine. Sizes stay strings until the
+/// command parses them, so a bad one gets strata's one-line error.
 #[derive(Debug, Args)]
 pub struct Budgets {
     /// Segment size: data is uploaded in objects of about this size.
-    #[arg(long, default_value = "16MiB", value_parser = parse_size, value_name = "SIZE")]
-    pub segment_size: u64,
+    #[arg(long, default_value = "16MiB", value_name = "SIZE")]
+    pub segment_size: String,
 
     /// Seal a segment that is this old even if not full, in milliseconds.
     #[arg(long, default_value_t = 5000, value_name = "MS")]
@@ -107,16 +106,16 @@ pub struct Budgets {
 
     /// Per-volume memory for written data not yet in the store; writers
     /// wait beyond it. At least 2 segments + 32 MiB.
-    #[arg(long, default_value = "128MiB", value_parser = parse_size, value_name = "SIZE")]
-    pub write_buffer: u64,
+    #[arg(long, default_value = "128MiB", value_name = "SIZE")]
+    pub write_buffer: String,
 
     /// Per-volume journal file size (local disk). At least write buffer + 64 MiB.
-    #[arg(long, default_value = "256MiB", value_parser = parse_size, value_name = "SIZE")]
-    pub journal_size: u64,
+    #[arg(long, default_value = "256MiB", value_name = "SIZE")]
+    pub journal_size: String,
 
     /// RAM cache for data read back from the store, shared by all volumes.
-    #[arg(long, default_value = "256MiB", value_parser = parse_size, value_name = "SIZE")]
-    pub cache_size: u64,
+    #[arg(long, default_value = "256MiB", value_name = "SIZE")]
+    pub cache_size: String,
 
     /// Segment uploads in flight per volume.
     #[arg(long, default_value_t = 4, value_name = "N")]

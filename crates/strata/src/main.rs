@@ -14,7 +14,7 @@ use strata_store::Store;
 use strata_volume::{Engine, VolumeConfig};
 
 use crate::cli::{Budgets, Cli, Command, VolumeCommand};
-use crate::size::format_size;
+use crate::size::{format_size, parse_size};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -71,14 +71,19 @@ fn engine(cli: &Cli, budgets: Option<&Budgets>) -> anyhow::Result<Engine> {
     let store = Store::open(&store_spec).context("cannot open the store")?;
     let mut config = VolumeConfig::new(data_dir);
     if let Some(b) = budgets {
-        config.segment_bytes = b.segment_size;
+        config.segment_bytes = size_option("--segment-size", &b.segment_size)?;
         config.segment_max_age_ms = b.segment_age_ms;
-        config.write_buffer_bytes = b.write_buffer;
-        config.journal_bytes = b.journal_size;
-        config.cache_bytes = b.cache_size;
+        config.write_buffer_bytes = size_option("--write-buffer", &b.write_buffer)?;
+        config.journal_bytes = size_option("--journal-size", &b.journal_size)?;
+        config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
     }
     Engine::new(store, config).context("invalid configuration")
+}
+
+/// Parses a size option, naming it in the error.
+pub(crate) fn size_option(option: &str, value: &str) -> anyhow::Result<u64> {
+    parse_size(value).map_err(|e| anyhow::anyhow!("{option}: {e}"))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -91,7 +96,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<()> {
     match cmd {
         VolumeCommand::Create { name, size } => {
-            let m = engine.create_volume(name, *size).await?;
+            let size = size_option("--size", size)?;
+            let m = engine.create_volume(name, size).await?;
             println!(
                 "created volume {} ({}, {} bytes) in {}",
                 m.name,

@@ -18,7 +18,10 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     let addrs = listen_addrs(&engine, args)?;
     let config = ServerConfig {
         max_in_flight_per_connection: args.max_in_flight.max(1),
-        max_in_flight_bytes: args.max_in_flight_bytes,
+        max_in_flight_bytes: crate::size_option(
+            "--max-in-flight-bytes",
+            &args.max_in_flight_bytes,
+        )?,
         max_connections: args.max_connections,
         ..ServerConfig::default()
     };
