@@ -17,14 +17,7 @@
 //!
 //! ## Object layout
 //!
-//! ```text
-//!  0  8  magic "STRATLSE"
-//!  8  2  version (1), little endian
-//! 10  2  zero
-//! 12  4  body length (at most 64 KiB), little endian
-//! 16  4  CRC32C of the body
-//! 20  .. body: UTF-8 JSON, the fields of `Lease`
-//! ```
+//! The envelope of `envelope.rs` (magic "STRATLSE", body at most 64 KiB).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::io::AsRawFd;
@@ -35,13 +28,11 @@ use object_store::{PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use strata_store::{ObjectNames, Store};
 
+use crate::envelope;
 use crate::error::VolumeError;
-use crate::journal::le_u32;
 use crate::recovery::store_error;
 
 const MAGIC: &[u8; 8] = b"STRATLSE";
-const VERSION: u16 = 1;
-const ENVELOPE_BYTES: usize = 20;
 const MAX_BODY_BYTES: usize = 64 << 10;
 /// A lease not renewed for this long is free to take.
 pub const LEASE_TTL_MS: u64 = 30_000;
@@ -58,31 +49,11 @@ pub struct Lease {
 impl Lease {
     fn encode(&self) -> Vec<u8> {
         let body = serde_json::to_vec(self).unwrap_or_default();
-        let mut b = Vec::with_capacity(ENVELOPE_BYTES + body.len());
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&[0u8; 2]);
-        b.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        b.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-        b.extend_from_slice(&body);
-        b
+        envelope::encode(MAGIC, &body)
     }
 
     fn decode(b: &[u8]) -> Result<Lease, String> {
-        if b.len() < ENVELOPE_BYTES || &b[0..8] != MAGIC {
-            return Err("not a strata lease (bad magic or truncated)".into());
-        }
-        if u16::from_le_bytes([b[8], b[9]]) != VERSION {
-            return Err("unsupported lease version".into());
-        }
-        let len = le_u32(&b[12..16]) as usize;
-        if len > MAX_BODY_BYTES || b.len() != ENVELOPE_BYTES + len {
-            return Err("lease length does not match its header".into());
-        }
-        let body = &b[ENVELOPE_BYTES..];
-        if crc32c::crc32c(body) != le_u32(&b[16..20]) {
-            return Err("lease checksum mismatch".into());
-        }
+        let body = envelope::decode(MAGIC, "lease", MAX_BODY_BYTES, b)?;
         serde_json::from_slice(body).map_err(|e| format!("lease body: {e}"))
     }
 }

@@ -16,6 +16,7 @@ mod cache;
 mod checkpoint;
 mod config;
 mod engine;
+mod envelope;
 mod error;
 mod extent_map;
 mod journal;

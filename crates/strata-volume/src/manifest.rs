@@ -3,25 +3,17 @@
 //!
 //! ## Object layout
 //!
-//! ```text
-//!  0  8  magic "STRATMAN"
-//!  8  2  version (1), little endian
-//! 10  2  zero
-//! 12  4  body length in bytes (at most 1 MiB), little endian
-//! 16  4  CRC32C of the body, little endian
-//! 20  .. body: UTF-8 JSON, the fields of `Manifest`
-//! ```
+//! The envelope of `envelope.rs` (magic "STRATMAN", body at most 1 MiB).
+//!
 //! The body is JSON so that later fields (snapshots, parent, lease epoch)
 //! can be added without a new binary layout; the envelope still gives it a
 //! magic, a version and a checksum.
 
 use serde::{Deserialize, Serialize};
 
-use crate::journal::le_u32;
+use crate::envelope;
 
 const MAGIC: &[u8; 8] = b"STRATMAN";
-const VERSION: u16 = 1;
-const ENVELOPE_BYTES: usize = 20;
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,32 +40,11 @@ impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         // Serialising a struct of strings and integers cannot fail.
         let body = serde_json::to_vec_pretty(self).unwrap_or_default();
-        let mut b = Vec::with_capacity(ENVELOPE_BYTES + body.len());
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&[0u8; 2]);
-        b.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        b.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-        b.extend_from_slice(&body);
-        b
+        envelope::encode(MAGIC, &body)
     }
 
     pub fn decode(b: &[u8]) -> Result<Manifest, String> {
-        if b.len() < ENVELOPE_BYTES || &b[0..8] != MAGIC {
-            return Err("not a strata manifest (bad magic or truncated)".into());
-        }
-        let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION {
-            return Err(format!("unsupported manifest version {version}"));
-        }
-        let len = le_u32(&b[12..16]) as usize;
-        if len > MAX_BODY_BYTES || b.len() != ENVELOPE_BYTES + len {
-            return Err("manifest length does not match its header".into());
-        }
-        let body = &b[ENVELOPE_BYTES..];
-        if crc32c::crc32c(body) != le_u32(&b[16..20]) {
-            return Err("manifest checksum mismatch".into());
-        }
+        let body = envelope::decode(MAGIC, "manifest", MAX_BODY_BYTES, b)?;
         let m: Manifest =
             serde_json::from_slice(body).map_err(|e| format!("manifest body: {e}"))?;
         m.uuid_bytes()?;
