@@ -76,7 +76,8 @@ pub fn lock_locally(path: &Path, volume: &str) -> Result<LocalLock, VolumeError>
         .write(true)
         .open(path)
         .map_err(|e| io("open lock file", e))?;
-    // SAFETY-free: flock on a descriptor we own; no memory is involved.
+    // SAFETY: flock only operates on the descriptor, which `file` owns and
+    // keeps open for the duration of the call; no memory is passed.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
         let e = std::io::Error::last_os_error();

@@ -193,8 +193,20 @@ impl Volume {
             }
             st.checkpoint_requested_seq
         };
-        self.wait_until(|st| st.sealed.is_empty() && st.checkpoint_done_seq >= target)
-            .await;
+        let done = |st: &State| st.sealed.is_empty() && st.checkpoint_done_seq >= target;
+        loop {
+            let wait = self.wait_until(done);
+            match tokio::time::timeout(Duration::from_secs(5), wait).await {
+                Ok(()) => break,
+                Err(_) => {
+                    let (segments, bytes) = {
+                        let st = self.state.lock();
+                        (st.sealed.len(), st.buffered_cost_bytes)
+                    };
+                    tracing::info!(volume = %self.name, segments, bytes, "closing: waiting for uploads to the store (the journal keeps the data if you kill the server)");
+                }
+            }
+        }
         self.journal.shutdown();
         self.space.notify_waiters();
         // Everything is in the store: let another server take the volume.
