@@ -13,7 +13,7 @@ use crate::config::ServerConfig;
 use crate::device::ExportProvider;
 use crate::handshake::{self, Outcome};
 use crate::listen::{Accepted, SplitStream};
-use crate::transmission;
+use crate::transmission::{self, End};
 
 /// What every connection of a server shares.
 pub(crate) struct Shared<P> {
@@ -74,7 +74,9 @@ async fn serve_stream<P: ExportProvider, S: SplitStream>(
         &mut stop,
     )
     .await;
-    if end.is_fault() {
+    if let End::RepliesStalled(_) = end {
+        tracing::warn!(conn = id, peer, export = ?name, "{end}");
+    } else if end.is_fault() {
         tracing::warn!(conn = id, peer, export = ?name, "connection closed: {end}");
     } else {
         tracing::info!(conn = id, peer, export = ?name, "connection closed: {end}");

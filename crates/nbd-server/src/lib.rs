@@ -11,11 +11,12 @@
 //! - `handshake`: greeting and option haggling.
 //! - `export`: negotiated export parameters (flags, block sizes).
 //! - `transmission`: request reader, in-flight bounds, concurrent dispatch.
-//! - `budget`: the in-flight bounds: request count, server-wide data bytes.
+//! - `budget`: the in-flight bounds: request count, per-connection and
+//!   server-wide data bytes.
 //! - `validate`: request checks before the device sees a request.
 //! - `execute`: device calls and reply building.
 //! - `reply`: reply bytes and errno mapping.
-//! - `writer`: the batching reply writer.
+//! - `writer`: the batching reply writer, and the reply stall timeout.
 
 mod budget;
 mod config;

@@ -1,17 +1,21 @@
 //! Listening addresses: parsing and printing `unix:` / `tcp:` addresses,
 //! binding them (replacing stale unix socket files, refusing live ones),
-//! accepting connections (TCP_NODELAY on), splitting accepted streams, and
-//! removing our socket files at the end.
+//! accepting connections (TCP_NODELAY on), splitting accepted streams (the
+//! write half telling the reply writer its send queue), and removing our
+//! socket files at the end.
 
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::writer::ReplySocket;
 
 /// Where the server listens: `unix:/path.sock`, `tcp:127.0.0.1:10809`,
 /// `tcp:[::1]:10809`. `Display` prints the same form `FromStr` parses.
@@ -199,7 +203,7 @@ impl Accepted {
 /// A connected stream that splits into independently owned halves.
 pub(crate) trait SplitStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     type ReadHalf: AsyncRead + Unpin + Send + 'static;
-    type WriteHalf: AsyncWrite + Unpin + Send + 'static;
+    type WriteHalf: AsyncWrite + ReplySocket + Unpin + Send + 'static;
 
     fn split_owned(self) -> (Self::ReadHalf, Self::WriteHalf);
 }
@@ -220,6 +224,51 @@ impl SplitStream for UnixStream {
     fn split_owned(self) -> (Self::ReadHalf, Self::WriteHalf) {
         self.into_split()
     }
+}
+
+impl ReplySocket for tokio::net::tcp::OwnedWriteHalf {
+    fn queued_bytes(&self) -> Option<u64> {
+        socket_queued_bytes(self.as_ref().as_raw_fd())
+    }
+
+    /// Zero linger: the close resets the connection and frees the send
+    /// queue at once (else the kernel would keep it, and the client would
+    /// not even see the end of the stream behind its unread replies).
+    fn discard_on_close(&self) {
+        let _ = self.as_ref().set_zero_linger();
+    }
+}
+
+impl ReplySocket for tokio::net::unix::OwnedWriteHalf {
+    fn queued_bytes(&self) -> Option<u64> {
+        socket_queued_bytes(self.as_ref().as_raw_fd())
+    }
+
+    /// Nothing to do: what a unix socket sent waits in the peer's receive
+    /// queue, freed when the peer reads it or closes.
+    fn discard_on_close(&self) {}
+}
+
+/// Bytes in the send queue of socket `fd` (SIOCOUTQ): for TCP, sent but not
+/// yet acknowledged or not yet sent; for a unix stream socket, written but
+/// not yet read by the peer (counting the kernel's buffer overhead).
+#[cfg(target_os = "linux")]
+fn socket_queued_bytes(fd: RawFd) -> Option<u64> {
+    let mut queued_bytes: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (= TIOCOUTQ) stores one int through the pointer,
+    // which points to a live c_int; `fd` is an open socket borrowed from
+    // its owner for the duration of the call.
+    let result = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued_bytes) };
+    match result {
+        0 => u64::try_from(queued_bytes).ok(),
+        _ => None,
+    }
+}
+
+/// Unknown elsewhere: only writes accepting bytes count as progress.
+#[cfg(not(target_os = "linux"))]
+fn socket_queued_bytes(_fd: RawFd) -> Option<u64> {
+    None
 }
 
 #[cfg(test)]

@@ -4,10 +4,12 @@
 //! (a device that answers at once costs no task) and spawned as its own task
 //! if it has to wait, so replies go out in completion order. A semaphore of
 //! `max_in_flight_per_connection` permits bounds the requests in flight,
-//! and the server-wide byte budget the READ/WRITE data (see `budget`); when
-//! a request's permits are not free the reader stops reading (TCP
-//! back-pressure). Replies go through one queue to the writer task (see
-//! `writer`), which releases the permits once a reply is written.
+//! and the connection's share of the server-wide byte budget, then that
+//! budget, the READ/WRITE data (see `budget`); when a request's permits are
+//! not free the reader stops reading (TCP back-pressure). Replies go
+//! through one queue to the writer task (see `writer`), which releases the
+//! permits once a reply is written, and ends the connection if the client
+//! stops reading replies for the stall timeout.
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -15,6 +17,7 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use nbd_proto::consts::*;
 use nbd_proto::RequestHeader;
@@ -30,7 +33,7 @@ use crate::export::Export;
 use crate::listen::SplitStream;
 use crate::reply::Reply;
 use crate::validate::{self, Limits, Rejection};
-use crate::writer::{write_replies, Outgoing, ReplySender};
+use crate::writer::{write_replies, Outgoing, ReplySender, WriteError};
 
 /// Read buffer: room for many small requests per read syscall.
 const READ_BUFFER_BYTES: usize = 256 * 1024;
@@ -48,6 +51,9 @@ pub(crate) enum End {
     ClientVanished,
     ReadFailed(io::Error),
     WriteFailed(io::Error),
+    /// The client took no reply bytes for the stall timeout; the
+    /// connection was dropped.
+    RepliesStalled(Duration),
     /// The client broke the protocol; the connection was dropped.
     Protocol(String),
     /// The server is shutting down.
@@ -64,7 +70,7 @@ impl End {
 
     /// Whether this is a client or protocol fault worth a warning.
     pub(crate) fn is_fault(&self) -> bool {
-        matches!(self, End::Protocol(_))
+        matches!(self, End::Protocol(_) | End::RepliesStalled(_))
     }
 }
 
@@ -76,6 +82,11 @@ impl fmt::Display for End {
             End::ClientVanished => write!(f, "client vanished in the middle of a request"),
             End::ReadFailed(error) => write!(f, "read failed: {error}"),
             End::WriteFailed(error) => write!(f, "write failed: {error}"),
+            End::RepliesStalled(timeout) => write!(
+                f,
+                "client stopped reading replies for {} s; closing the connection",
+                timeout.as_secs_f64()
+            ),
             End::Protocol(message) => write!(f, "protocol error, connection dropped: {message}"),
             End::Shutdown => write!(f, "server shutting down"),
         }
@@ -112,8 +123,10 @@ impl<D> Connection<D> {
 struct Bounds {
     /// `max_in_flight_per_connection` permits, one per request.
     requests: Arc<Semaphore>,
+    /// This connection's share of the budget of READ/WRITE data.
+    connection_bytes: ByteBudget,
     /// The server-wide budget of READ/WRITE data.
-    bytes: ByteBudget,
+    server_bytes: ByteBudget,
 }
 
 /// Serves requests until the client leaves, breaks the protocol, or `stop`
@@ -129,14 +142,17 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
     let (sender, queue) = mpsc::unbounded_channel();
     let connection = Arc::new(Connection::new(export));
     let in_tasks = Arc::clone(&connection.requests_in_tasks);
-    let mut writer = AbortOnDrop(tokio::spawn(write_replies(write_half, queue, in_tasks)));
+    let stall_timeout = config.reply_stall_timeout();
+    let writing = write_replies(write_half, queue, in_tasks, stall_timeout);
+    let mut writer = AbortOnDrop(tokio::spawn(writing));
     let mut cancel_if_cut = CancelOnDrop(Some(Arc::clone(&connection.cancel)));
     let permit_count = config
         .max_in_flight_per_connection
         .clamp(1, Semaphore::MAX_PERMITS);
     let bounds = Bounds {
         requests: Arc::new(Semaphore::new(permit_count)),
-        bytes: byte_budget.clone(),
+        connection_bytes: ByteBudget::new(config.in_flight_bytes_per_connection()),
+        server_bytes: byte_budget.clone(),
     };
     let discard_limit_bytes = MIN_DISCARD_LIMIT_BYTES.max(config.max_request_bytes.into());
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
@@ -150,30 +166,35 @@ pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
         _ = stop.wait_for(|stopping| *stopping) => Finish::Reader(End::Shutdown),
     };
     drop(sender);
-    let end = conclude(finish, &mut writer.0).await;
+    let end = conclude(finish, &mut writer.0, stall_timeout).await;
     // Ended by itself (not cut): let running requests finish on their own.
     cancel_if_cut.0 = None;
     end
 }
 
-/// Waits for the writer to send what is queued; the end reason, with a
-/// write failure taking precedence over a benign end.
-async fn conclude(finish: Finish, writer: &mut JoinHandle<io::Result<()>>) -> End {
+/// Waits for the writer to send what is queued (a client that does not
+/// read gets the stall timeout); the end reason, with a write failure
+/// taking precedence over a benign end.
+async fn conclude(finish: Finish, writer: &mut WriterTask, stall_timeout: Duration) -> End {
     let (end, written) = match finish {
         Finish::Reader(end) => (end, writer.await),
         Finish::Writer(result) => (End::WriteFailed(io::Error::other("writer ended")), result),
     };
     match written {
-        Ok(Err(error)) if !end.is_fault() => End::WriteFailed(error),
-        Err(error) if !end.is_fault() => End::WriteFailed(io::Error::other(error)),
-        _ => end,
+        _ if end.is_fault() => end,
+        Ok(Err(WriteError::Stalled)) => End::RepliesStalled(stall_timeout),
+        Ok(Err(WriteError::Io(error))) => End::WriteFailed(error),
+        Err(error) => End::WriteFailed(io::Error::other(error)),
+        Ok(Ok(())) => end,
     }
 }
+
+type WriterTask = JoinHandle<Result<(), WriteError>>;
 
 /// Which side of the connection stopped first.
 enum Finish {
     Reader(End),
-    Writer(Result<io::Result<()>, tokio::task::JoinError>),
+    Writer(Result<Result<(), WriteError>, tokio::task::JoinError>),
 }
 
 /// Cancels the request tasks of a connection when dropped armed: when the
@@ -208,7 +229,7 @@ async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
 ) -> End {
     let mut header_bytes = [0u8; REQUEST_HEADER_BYTES];
     loop {
-        // First the count permit, then (below) the byte permit: the one
+        // First the count permit, then (below) the byte permits: the one
         // order everywhere.
         let Ok(count_permit) = budget::acquire(&bounds.requests, 1).await else {
             return End::Protocol("request limiter closed".into());
@@ -242,13 +263,19 @@ async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
                 continue;
             }
         };
-        // Before the WRITE payload is read or the READ buffer allocated.
-        let Ok(byte_permit) = bounds.bytes.acquire(op.data_bytes()).await else {
+        // Before the WRITE payload is read or the READ buffer allocated:
+        // the connection's share, then the server-wide budget.
+        let bytes = budget::acquire_bytes(
+            &bounds.connection_bytes,
+            &bounds.server_bytes,
+            op.data_bytes(),
+        );
+        let Ok(byte_permits) = bytes.await else {
             return End::Protocol("byte budget closed".into());
         };
         let permits = Permits {
             _count: count_permit,
-            _bytes: byte_permit,
+            _bytes: byte_permits,
         };
         if let Err(error) = read_payload(reader, &mut op).await {
             return End::from_read_error(error);

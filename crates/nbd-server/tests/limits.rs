@@ -1,6 +1,7 @@
 //! Memory bounds: the server-wide byte budget of READ/WRITE data in flight
 //! (held across connections, never exceeded, no deadlock, config checked
-//! at bind) and the connection limit.
+//! at bind), each connection's share of it, and the connection limit.
+//! (Clients that stop reading their replies: `stalls.rs`.)
 
 // Test helpers outside #[test] functions unwrap too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,109 +15,21 @@ use std::time::Duration;
 
 use common::hook_device::HookDevice;
 use common::mem_device::{Exports, MemDevice};
-use common::raw::{read_reply_from, RawClient, RawReply};
+use common::pipeline::{pattern, pipeline, request, write_then_read, Step, BLOCK, MIB};
+use common::raw::{RawClient, RawReply};
 use common::{within, TestServer};
 use nbd_proto::consts::*;
-use nbd_proto::RequestHeader;
 use nbd_server::{ListenAddr, Server, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
-/// Request size of the budget tests: the configured maximum.
-const BLOCK: u64 = 256 * KIB;
-
+/// The request size of the budget tests (`BLOCK`) is the configured maximum.
 fn small_budget() -> ServerConfig {
     ServerConfig {
         max_request_bytes: BLOCK as u32,
         max_in_flight_bytes: MIB,
         ..ServerConfig::default()
-    }
-}
-
-fn request(command_type: u16, handle: u64, offset_bytes: u64, length_bytes: u64) -> Vec<u8> {
-    RequestHeader {
-        flags: 0,
-        command_type,
-        handle,
-        offset_bytes,
-        length_bytes: length_bytes as u32,
-    }
-    .encode()
-    .to_vec()
-}
-
-/// The bytes block `block` of connection `connection` holds after `round`.
-fn pattern(connection: u64, block: u64, round: u64) -> Vec<u8> {
-    let seed = (connection * 64 + block * 4 + round) as u8;
-    (0..BLOCK as usize)
-        .map(|i| seed.wrapping_add((i / 4096) as u8))
-        .collect()
-}
-
-/// One request of a pipeline, with what its reply must carry.
-enum Step {
-    Write { block: u64, round: u64 },
-    Read { block: u64, round: u64 },
-}
-
-/// Sends `steps` on a pipelined connection while reading the replies
-/// concurrently (as real clients do), checking every reply and READ data.
-async fn pipeline(client: RawClient, connection: u64, base: u64, steps: Vec<Step>) -> RawClient {
-    let (mut read_half, mut write_half) = tokio::io::split(client.stream);
-    let count = steps.len();
-    let steps = Arc::new(steps);
-    let sender = {
-        let steps = Arc::clone(&steps);
-        async move {
-            for (handle, step) in steps.iter().enumerate() {
-                let handle = handle as u64;
-                let bytes = match *step {
-                    Step::Write { block, round } => {
-                        let mut bytes = request(CMD_WRITE, handle, base + block * BLOCK, BLOCK);
-                        bytes.extend_from_slice(&pattern(connection, block, round));
-                        bytes
-                    }
-                    Step::Read { block, .. } => {
-                        request(CMD_READ, handle, base + block * BLOCK, BLOCK)
-                    }
-                };
-                write_half.write_all(&bytes).await.unwrap();
-            }
-            write_half
-        }
-    };
-    let receiver = async {
-        let mut answered = vec![false; count];
-        for _ in 0..count {
-            let length = |handle: u64| match steps[handle as usize] {
-                Step::Read { .. } => BLOCK as usize,
-                Step::Write { .. } => 0,
-            };
-            let reply = read_reply_from(&mut read_half, length).await;
-            assert_eq!(reply.error(), 0, "{reply:?}");
-            let handle = reply.handle();
-            let data = match reply {
-                RawReply::Simple { data, .. } => data,
-                RawReply::Chunk { header, payload } => {
-                    assert_ne!(header.flags & REPLY_FLAG_DONE, 0);
-                    payload.get(8..).unwrap_or_default().to_vec()
-                }
-            };
-            match steps[handle as usize] {
-                Step::Read { block, round } => {
-                    assert!(data == pattern(connection, block, round), "block {block}");
-                }
-                Step::Write { .. } => assert!(data.is_empty()),
-            }
-            assert!(!std::mem::replace(&mut answered[handle as usize], true));
-        }
-    };
-    let (write_half, ()) = tokio::join!(sender, receiver);
-    RawClient {
-        stream: Box::pin(read_half.unsplit(write_half)),
     }
 }
 
@@ -189,16 +102,6 @@ async fn data_in_flight_stays_within_the_byte_budget() {
     assert!(max_bytes > budget, "only {max_bytes} bytes at once");
 }
 
-/// Waits until `count` reads are inside the device.
-async fn wait_for_reads(device: &HookDevice, count: usize) {
-    within(10, async {
-        while device.reads_in_device.load(Ordering::SeqCst) < count {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_waits_for_budget_held_by_another_and_stops_reading() {
     let gate = Arc::new(Semaphore::new(0));
@@ -212,7 +115,7 @@ async fn a_connection_waits_for_budget_held_by_another_and_stops_reading() {
     let mut holder = RawClient::unix(&server.unix_path()).await;
     holder.go("", false, false).await;
     holder.send_request(0, CMD_READ, 1, 0, BLOCK as u32).await;
-    wait_for_reads(&device, 1).await;
+    device.wait_for_reads(1).await;
 
     let mut waiter = RawClient::tcp(server.tcp_addr()).await;
     waiter.go("", false, false).await;
@@ -252,7 +155,7 @@ async fn shutdown_while_waiting_for_budget() {
     let mut holder = RawClient::unix(&server.unix_path()).await;
     holder.go("", false, false).await;
     holder.send_request(0, CMD_READ, 1, 0, BLOCK as u32).await;
-    wait_for_reads(&device, 1).await;
+    device.wait_for_reads(1).await;
     let mut waiter = RawClient::tcp(server.tcp_addr()).await;
     waiter.go("", false, false).await;
     let mut payload = request(CMD_WRITE, 2, BLOCK, BLOCK);
@@ -262,6 +165,138 @@ async fn shutdown_while_waiting_for_budget() {
     within(10, server.stop()).await;
     assert!(within(5, waiter.closed_by_server()).await);
     assert!(within(5, holder.closed_by_server()).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_holds_at_most_its_share_of_the_budget() {
+    const GREEDY_READS: u64 = 16;
+    // The default share (a quarter of the budget), then a share of the
+    // whole budget: what the bound is without it.
+    for share in [None, Some(4 * MIB)] {
+        let config = ServerConfig {
+            max_request_bytes: BLOCK as u32,
+            max_in_flight_bytes: 4 * MIB,
+            max_in_flight_bytes_per_connection: share,
+            ..ServerConfig::default()
+        };
+        let share_bytes = config.in_flight_bytes_per_connection();
+        let share_blocks = (share_bytes / BLOCK) as usize;
+        assert_eq!(share_blocks, if share.is_none() { 4 } else { 16 });
+        // The greedy connection's READs stay in the device until the gate
+        // opens: it holds all the budget it can get.
+        let gate = Arc::new(Semaphore::new(0));
+        let greedy_device = Arc::new(HookDevice::gated(
+            MemDevice::new(GREEDY_READS * BLOCK),
+            Arc::clone(&gate),
+        ));
+        for block in 0..GREEDY_READS {
+            greedy_device
+                .inner
+                .fill(block * BLOCK, &pattern(5, block, 0));
+        }
+        let other_device = Arc::new(HookDevice::slow(
+            MemDevice::new(8 * BLOCK),
+            Duration::from_millis(5),
+        ));
+        let provider = Arc::new(
+            Exports::new()
+                .with("greedy", "", Arc::clone(&greedy_device))
+                .with("", "", Arc::clone(&other_device)),
+        );
+        let server = TestServer::start_with(provider, config).await;
+        let mut greedy = RawClient::unix(&server.unix_path()).await;
+        greedy.go("greedy", false, false).await;
+        for block in 0..GREEDY_READS {
+            greedy
+                .send_request(0, CMD_READ, block, block * BLOCK, BLOCK as u32)
+                .await;
+        }
+        greedy_device.wait_for_reads(share_blocks).await;
+        let mut other = RawClient::tcp(server.tcp_addr()).await;
+        other.go("", true, false).await;
+        if share.is_none() {
+            // The other connection writes and reads back its data meanwhile.
+            other = within(10, write_then_read(other, 1, 0, 8, 0)).await;
+            let other_max_bytes = other_device.max_bytes_in_device.load(Ordering::SeqCst);
+            assert!(other_max_bytes > 0 && other_max_bytes as u64 <= share_bytes);
+        } else {
+            // The greedy connection took the whole budget: the other waits.
+            other.send_write(1, 0, &pattern(1, 0, 0)).await;
+            let waited = tokio::time::timeout(Duration::from_millis(300), other.read_reply(0));
+            assert!(
+                waited.await.is_err(),
+                "the write did not wait for the budget"
+            );
+            assert_eq!(other_device.max_bytes_in_device.load(Ordering::SeqCst), 0);
+        }
+        let held = greedy_device.reads_in_device.load(Ordering::SeqCst);
+        assert!(held <= share_blocks, "{held} reads in the device");
+        gate.add_permits(1000);
+        for _ in 0..GREEDY_READS {
+            match within(10, greedy.read_reply(BLOCK as usize)).await {
+                RawReply::Simple {
+                    error: 0,
+                    handle,
+                    data,
+                } => assert!(data == pattern(5, handle, 0), "block {handle}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let max_held = greedy_device.max_reads_in_device.load(Ordering::SeqCst);
+        assert_eq!(max_held, share_blocks);
+        if share.is_some() {
+            // The budget came back with the greedy connection's replies.
+            let reply = within(10, other.read_reply(0)).await;
+            assert_eq!((reply.handle(), reply.error()), (1, 0));
+        }
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn bind_rejects_a_connection_share_smaller_than_a_request() {
+    common::init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = ListenAddr::Unix(dir.path().join("x.sock"));
+    let provider = Arc::new(Exports::new().with("", "", Arc::new(MemDevice::new(MIB))));
+    let config = ServerConfig {
+        max_request_bytes: 32 << 20,
+        max_in_flight_bytes_per_connection: Some((32 << 20) - 1),
+        ..ServerConfig::default()
+    };
+    let error = Server::bind(Arc::clone(&provider), std::slice::from_ref(&addr), config)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput);
+    let message = error.to_string();
+    assert!(
+        message.contains("max_in_flight_bytes_per_connection")
+            && message.contains("max_request_bytes"),
+        "{message}"
+    );
+    assert!(!dir.path().join("x.sock").exists());
+    let config = ServerConfig {
+        reply_stall_timeout_ms: 0,
+        ..ServerConfig::default()
+    };
+    let error = Server::bind(Arc::clone(&provider), std::slice::from_ref(&addr), config)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput);
+    // Equal is enough; the default is valid with any valid budget.
+    let config = ServerConfig {
+        max_in_flight_bytes_per_connection: Some(32 << 20),
+        ..ServerConfig::default()
+    };
+    assert!(config.validate().is_ok());
+    let config = ServerConfig {
+        max_in_flight_bytes: 32 << 20,
+        ..ServerConfig::default()
+    };
+    assert_eq!(config.in_flight_bytes_per_connection(), 32 << 20);
+    assert!(Server::bind(provider, &[addr], config).await.is_ok());
 }
 
 #[tokio::test]

@@ -66,6 +66,16 @@ impl HookDevice {
             ..HookDevice::new(inner)
         }
     }
+
+    /// Waits until `count` reads are inside the device (10 s at most).
+    pub async fn wait_for_reads(&self, count: usize) {
+        super::within(10, async {
+            while self.reads_in_device.load(Ordering::SeqCst) < count {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
 }
 
 /// Takes its amount off the counter when dropped.

@@ -6,6 +6,7 @@
 
 pub mod hook_device;
 pub mod mem_device;
+pub mod pipeline;
 pub mod raw;
 
 use std::future::Future;

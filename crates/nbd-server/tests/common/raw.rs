@@ -4,10 +4,11 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
+use std::time::Duration;
 
 use nbd_proto::consts::*;
 use nbd_proto::*;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UnixStream};
 
 pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -66,6 +67,28 @@ impl RawClient {
         RawClient {
             stream: Box::pin(stream),
         }
+    }
+
+    /// A unix client and a watch on its socket.
+    pub async fn unix_watched(path: &Path) -> (RawClient, HangUpWatch) {
+        let stream = UnixStream::connect(path).await.unwrap().into_std().unwrap();
+        let watch = UnixStream::from_std(stream.try_clone().unwrap()).unwrap();
+        let client = RawClient {
+            stream: Box::pin(UnixStream::from_std(stream).unwrap()),
+        };
+        (client, HangUpWatch::Unix(watch))
+    }
+
+    /// A TCP client and a watch on its socket.
+    pub async fn tcp_watched(addr: SocketAddr) -> (RawClient, HangUpWatch) {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let stream = stream.into_std().unwrap();
+        let watch = TcpStream::from_std(stream.try_clone().unwrap()).unwrap();
+        let client = RawClient {
+            stream: Box::pin(TcpStream::from_std(stream).unwrap()),
+        };
+        (client, HangUpWatch::Tcp(watch))
     }
 
     /// Reads the greeting and answers with fixed newstyle + no zeroes.
@@ -255,6 +278,37 @@ pub async fn read_reply_from<R: AsyncRead + Unpin + ?Sized>(
             let mut payload = vec![0u8; header.length_bytes as usize];
             stream.read_exact(&mut payload).await.unwrap();
             RawReply::Chunk { header, payload }
+        }
+    }
+}
+
+/// A second handle on a client's socket that tells whether the server has
+/// closed the connection, without reading from it (a client that reads
+/// its replies is not one that stopped reading them).
+pub enum HangUpWatch {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl HangUpWatch {
+    /// Whether the server has closed the connection by now.
+    pub async fn is_closed(&self) -> bool {
+        let ready = async {
+            match self {
+                HangUpWatch::Unix(stream) => stream.ready(Interest::READABLE).await,
+                HangUpWatch::Tcp(stream) => stream.ready(Interest::READABLE).await,
+            }
+        };
+        match tokio::time::timeout(Duration::from_millis(1), ready).await {
+            Ok(ready) => ready.unwrap().is_read_closed(),
+            Err(_) => false,
+        }
+    }
+
+    /// Waits until the server has closed the connection.
+    pub async fn closed(&self) {
+        while !self.is_closed().await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 }
