@@ -87,6 +87,11 @@ pub struct ServeArgs {
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub max_in_flight_bytes: String,
 
+    /// A client whose replies make no progress for this long is
+    /// disconnected (its share of the in-flight budget is returned).
+    #[arg(long, default_value_t = 60_000, value_name = "MS")]
+    pub reply_stall_timeout_ms: u64,
+
     /// Connections served at once; more are closed at once (and logged).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_connections: usize,

@@ -23,6 +23,7 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
             &args.max_in_flight_bytes,
         )?,
         max_connections: args.max_connections,
+        reply_stall_timeout_ms: args.reply_stall_timeout_ms,
         ..ServerConfig::default()
     };
     let exports = Arc::new(VolumeExports {
