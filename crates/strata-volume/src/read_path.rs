@@ -15,7 +15,9 @@ use bytes::Bytes;
 use crate::cache::{CacheStats, ClockCache};
 use crate::error::VolumeError;
 use crate::recovery::store_error;
-use crate::segment::{FixedHeader, SegmentIndex, CHUNK_BYTES, FIXED_HEADER_BYTES};
+use strata_store::{ObjectNames, Store};
+
+use crate::segment::{Entry, FixedHeader, SegmentIndex, CHUNK_BYTES, FIXED_HEADER_BYTES};
 use crate::volume::Volume;
 
 type ChunkKey = ([u8; 16], u64, u64);
@@ -78,31 +80,18 @@ impl Volume {
         if let Some(idx) = self.caches.indexes.get(&key) {
             return Ok(idx);
         }
-        let (idx, _) = self.fetch_segment_header(seq).await?;
+        let (idx, _) =
+            fetch_segment_header(&self.store, &self.names, seq, self.uuid, self.size_bytes)
+                .await
+                .inspect_err(|e| {
+                    if matches!(e, VolumeError::Corrupt { .. }) {
+                        tracing::error!(volume = %self.name, seq, error = %e, "corrupt segment");
+                    }
+                })?;
         let idx = Arc::new(idx);
         let cost = 4 * idx.chunk_crcs.len() as u64 + 256;
         self.caches.indexes.insert(key, idx.clone(), cost);
         Ok(idx)
-    }
-
-    /// Fetches and verifies a stored segment's header and tables.
-    pub(crate) async fn fetch_segment_header(
-        &self,
-        seq: u64,
-    ) -> Result<(SegmentIndex, Vec<crate::segment::Entry>), VolumeError> {
-        let head = self.get_range(seq, 0..FIXED_HEADER_BYTES as u64).await?;
-        let fixed = FixedHeader::decode(&head).map_err(|d| self.corrupt(seq, d))?;
-        if fixed.seq != seq || fixed.volume_uuid != self.uuid {
-            return Err(self.corrupt(seq, "segment belongs to another volume or position".into()));
-        }
-        let tables = self
-            .get_range(
-                seq,
-                FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes),
-            )
-            .await?;
-        SegmentIndex::decode_tables(fixed, &tables, self.size_bytes)
-            .map_err(|d| self.corrupt(seq, d))
     }
 
     /// Reads `len` bytes at `offset` of stored segment `seq`'s data.
@@ -174,6 +163,40 @@ impl Volume {
         }
         Ok(bytes)
     }
+}
+
+/// Fetches and verifies a stored segment's header and tables (reads need
+/// the chunk CRCs, recovery the entries).
+pub(crate) async fn fetch_segment_header(
+    store: &Store,
+    names: &ObjectNames,
+    seq: u64,
+    uuid: [u8; 16],
+    volume_size_bytes: u64,
+) -> Result<(SegmentIndex, Vec<Entry>), VolumeError> {
+    let path = names.segment(seq);
+    let corrupt = |detail: String| VolumeError::Corrupt {
+        path: path.to_string(),
+        detail,
+    };
+    let head = store
+        .get_range(&path, 0..FIXED_HEADER_BYTES as u64)
+        .await
+        .map_err(store_error(store, "read", &path))?;
+    let fixed = FixedHeader::decode(&head).map_err(corrupt)?;
+    if fixed.seq != seq || fixed.volume_uuid != uuid {
+        return Err(corrupt(
+            "segment belongs to another volume or position".into(),
+        ));
+    }
+    let tables = store
+        .get_range(
+            &path,
+            FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes),
+        )
+        .await
+        .map_err(store_error(store, "read", &path))?;
+    SegmentIndex::decode_tables(fixed, &tables, volume_size_bytes).map_err(corrupt)
 }
 
 /// Runs of consecutive uncached chunks, as chunk-number ranges.

@@ -32,7 +32,7 @@ use crate::extent_map::{ExtentMap, Target};
 use crate::journal::{self, record_bytes, Journal, Position, Superblock};
 use crate::lease::{self, LocalLock};
 use crate::manifest::Manifest;
-use crate::read_path::SharedCaches;
+use crate::read_path::{fetch_segment_header, SharedCaches};
 use crate::segment::{EntryKind, JournalSpan, OpenSegment};
 use crate::volume::{apply_op, State, Volume};
 
@@ -294,8 +294,9 @@ async fn recover_from_store(
             orphans.push(seq);
             continue;
         }
-        let (_, entries) = fetch_header(store, names, seq, uuid, manifest.size_bytes).await?;
-        for e in &entries.1 {
+        let (idx, entries) =
+            fetch_segment_header(store, names, seq, uuid, manifest.size_bytes).await?;
+        for e in &entries {
             let target = match e.kind {
                 EntryKind::Write => Some(Target::Data {
                     seq,
@@ -306,7 +307,7 @@ async fn recover_from_store(
             };
             map.set(e.offset, e.len, target);
         }
-        span = Some(entries.0);
+        span = Some(idx.fixed.span);
         next += 1;
     }
     for seq in orphans {
@@ -323,45 +324,6 @@ async fn recover_from_store(
         span,
         checkpoint_seq: base,
     })
-}
-
-type HeaderAndEntries = (
-    crate::segment::SegmentIndex,
-    (JournalSpan, Vec<crate::segment::Entry>),
-);
-
-async fn fetch_header(
-    store: &Store,
-    names: &ObjectNames,
-    seq: u64,
-    uuid: [u8; 16],
-    size: u64,
-) -> Result<HeaderAndEntries, VolumeError> {
-    use crate::segment::{FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
-    let path = names.segment(seq);
-    let corrupt = |detail: String| VolumeError::Corrupt {
-        path: path.to_string(),
-        detail,
-    };
-    let head = store
-        .get_range(&path, 0..FIXED_HEADER_BYTES as u64)
-        .await
-        .map_err(store_error(store, "read", &path))?;
-    let fixed = FixedHeader::decode(&head).map_err(corrupt)?;
-    if fixed.seq != seq || fixed.volume_uuid != uuid {
-        return Err(corrupt(
-            "segment belongs to another volume or position".into(),
-        ));
-    }
-    let tables = store
-        .get_range(
-            &path,
-            FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes),
-        )
-        .await
-        .map_err(store_error(store, "read", &path))?;
-    let (idx, entries) = SegmentIndex::decode_tables(fixed, &tables, size).map_err(corrupt)?;
-    Ok((idx, (fixed.span, entries)))
 }
 
 /// Picks the journal to replay, or makes a fresh one.
