@@ -39,6 +39,10 @@ impl LocalReader {
         }
     }
 
+    pub(crate) fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+
     fn file(&self, location: &Path) -> io::Result<Arc<File>> {
         if let Some(f) = self.files.lock().get(location.as_ref()) {
             return Ok(f.clone());

@@ -32,9 +32,7 @@ pub enum StoreError {
 pub struct Store {
     inner: Arc<dyn ObjectStore>,
     description: String,
-    /// Root directory when this is the embedded local store.
-    local_root: Option<PathBuf>,
-    /// Fast ranged reads for the embedded store.
+    /// The embedded store's fast paths (and its root directory).
     local_reader: Option<Arc<LocalReader>>,
 }
 
@@ -74,7 +72,6 @@ impl Store {
         Store {
             inner: Arc::new(InMemory::new()),
             description: "memory://".to_string(),
-            local_root: None,
             local_reader: None,
         }
     }
@@ -92,8 +89,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(fs),
             description: format!("file://{}", dir.display()),
-            local_reader: Some(Arc::new(LocalReader::new(dir.clone()))),
-            local_root: Some(dir),
+            local_reader: Some(Arc::new(LocalReader::new(dir))),
         })
     }
 
@@ -102,7 +98,6 @@ impl Store {
         Store {
             inner,
             description,
-            local_root: None,
             local_reader: None,
         }
     }
@@ -147,10 +142,10 @@ impl Store {
     /// stored, so for the embedded store it syncs the file and its directory.
     /// Remote stores acknowledge durable writes; nothing to do there.
     pub async fn make_durable(&self, location: &Path) -> std::io::Result<()> {
-        let Some(root) = &self.local_root else {
+        let Some(reader) = &self.local_reader else {
             return Ok(());
         };
-        let file = root.join(location.as_ref());
+        let file = reader.root().join(location.as_ref());
         tokio::task::spawn_blocking(move || {
             std::fs::File::open(&file)?.sync_all()?;
             if let Some(dir) = file.parent() {

@@ -94,13 +94,14 @@ impl Volume {
         Ok(idx)
     }
 
-    /// Reads `len` bytes at `offset` of stored segment `seq`'s data.
+    /// Fills `dst` with the bytes at `offset` of stored segment `seq`'s data.
     pub(crate) async fn read_segment(
         &self,
         seq: u64,
         offset: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, VolumeError> {
+        dst: &mut [u8],
+    ) -> Result<(), VolumeError> {
+        let len = dst.len() as u64;
         let idx = self.segment_index(seq).await?;
         if offset + len > idx.fixed.data_bytes {
             return Err(self.corrupt(
@@ -125,7 +126,6 @@ impl Volume {
                 chunks[(c - first) as usize] = Some(bytes.slice(at..end));
             }
         }
-        let mut out = Vec::with_capacity(len as usize);
         let mut pos = offset;
         for (i, chunk) in chunks.iter().enumerate() {
             let chunk = chunk
@@ -137,10 +137,11 @@ impl Volume {
             if to > chunk.len() {
                 return Err(self.corrupt(seq, "chunk shorter than the map says".into()));
             }
-            out.extend_from_slice(&chunk[from..to]);
+            let at = (pos - offset) as usize;
+            dst[at..at + (to - from)].copy_from_slice(&chunk[from..to]);
             pos = chunk_start + to as u64;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// One ranged GET for chunks `run`, verified and cached.

@@ -417,12 +417,7 @@ fn replay_journal(
         );
         n += 1;
         if st.open.cost_bytes >= config.segment_bytes {
-            let buffer = Vec::with_capacity(config.segment_bytes as usize);
-            let next = OpenSegment::new(st.open.seq + 1, buffer, sb.journal_id);
-            let sealed = Arc::new(std::mem::replace(&mut st.open, next).seal());
-            st.last_sealed_span = sealed.span;
-            st.segments_since_checkpoint += 1;
-            st.sealed.insert(sealed.seq, sealed);
+            st.seal_open(Vec::with_capacity(config.segment_bytes as usize));
         }
     }
     Ok((scanner.position(), n))

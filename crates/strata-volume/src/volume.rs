@@ -58,6 +58,19 @@ pub(crate) struct State {
     pub failed: Option<String>,
 }
 
+impl State {
+    /// Seals the open segment into `sealed` and opens the next one in
+    /// `buffer` (the write path and journal replay share this).
+    pub(crate) fn seal_open(&mut self, buffer: Vec<u8>) -> Arc<SealedSegment> {
+        let next = OpenSegment::new(self.open.seq + 1, buffer, self.open.span.journal_id);
+        let sealed = Arc::new(std::mem::replace(&mut self.open, next).seal());
+        self.sealed.insert(sealed.seq, sealed.clone());
+        self.last_sealed_span = sealed.span;
+        self.segments_since_checkpoint += 1;
+        sealed
+    }
+}
+
 /// Counters a volume exports.
 #[derive(Debug, Clone, Default)]
 pub struct VolumeStats {
@@ -275,12 +288,7 @@ impl Volume {
         if st.open.is_empty() {
             return;
         }
-        let buffer = self.take_buffer();
-        let next = OpenSegment::new(st.open.seq + 1, buffer, st.open.span.journal_id);
-        let sealed = Arc::new(std::mem::replace(&mut st.open, next).seal());
-        st.sealed.insert(sealed.seq, sealed.clone());
-        st.last_sealed_span = sealed.span;
-        st.segments_since_checkpoint += 1;
+        let sealed = st.seal_open(self.take_buffer());
         let take_checkpoint =
             checkpoint || st.segments_since_checkpoint >= self.config.checkpoint_every_segments;
         let ckpt = take_checkpoint.then(|| {
@@ -350,15 +358,26 @@ impl Volume {
         if misses.is_empty() {
             return Ok(());
         }
-        let fetched = futures::future::try_join_all(
+        // Disjoint destination slices, one per miss (misses are in order and
+        // do not overlap), so stored data lands in `buf` with no extra copy.
+        let mut dsts = Vec::with_capacity(misses.len());
+        let mut rest: &mut [u8] = buf;
+        let mut consumed = 0usize;
+        for m in &misses {
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut(m.buf_offset - consumed);
+            let (dst, tail) = tail.split_at_mut(m.len as usize);
+            dsts.push(dst);
+            rest = tail;
+            consumed = m.buf_offset + m.len as usize;
+        }
+        futures::future::try_join_all(
             misses
                 .iter()
-                .map(|m| self.read_segment(m.seq, m.segment_offset, m.len)),
+                .zip(dsts)
+                .map(|(m, dst)| self.read_segment(m.seq, m.segment_offset, dst)),
         )
         .await?;
-        for (m, bytes) in misses.iter().zip(fetched) {
-            buf[m.buf_offset..m.buf_offset + m.len as usize].copy_from_slice(&bytes);
-        }
         Ok(())
     }
 

@@ -18,11 +18,6 @@ pub struct NbdVolume {
     max_request_bytes: u32,
 }
 
-fn to_io(e: VolumeError) -> io::Error {
-    let kind = e.io_kind();
-    io::Error::new(kind, e.to_string())
-}
-
 impl BlockDevice for NbdVolume {
     fn size_bytes(&self) -> u64 {
         self.volume.size_bytes()
@@ -37,25 +32,28 @@ impl BlockDevice for NbdVolume {
     }
 
     async fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.volume.read(offset_bytes, buf).await.map_err(to_io)
+        self.volume
+            .read(offset_bytes, buf)
+            .await
+            .map_err(io::Error::from)
     }
 
     async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
         self.volume
             .write(offset_bytes, data, fua)
             .await
-            .map_err(to_io)
+            .map_err(io::Error::from)
     }
 
     async fn flush(&self) -> io::Result<()> {
-        self.volume.flush().await.map_err(to_io)
+        self.volume.flush().await.map_err(io::Error::from)
     }
 
     async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> io::Result<()> {
         self.volume
             .trim(offset_bytes, length_bytes, fua)
             .await
-            .map_err(to_io)
+            .map_err(io::Error::from)
     }
 
     async fn write_zeroes(
@@ -69,7 +67,7 @@ impl BlockDevice for NbdVolume {
         self.volume
             .write_zeroes(offset_bytes, length_bytes, flags.no_hole, flags.fua)
             .await
-            .map_err(to_io)
+            .map_err(io::Error::from)
     }
 
     async fn block_status(
@@ -81,7 +79,7 @@ impl BlockDevice for NbdVolume {
         let runs = self
             .volume
             .block_status(offset_bytes, length_bytes, max_extents)
-            .map_err(to_io)?;
+            .map_err(io::Error::from)?;
         Ok(runs
             .into_iter()
             .map(|(length_bytes, a)| Extent {
@@ -106,7 +104,7 @@ impl ExportProvider for VolumeExports {
     type Device = NbdVolume;
 
     async fn list(&self) -> io::Result<Vec<ExportInfo>> {
-        let volumes = self.engine.list_volumes().await.map_err(to_io)?;
+        let volumes = self.engine.list_volumes().await.map_err(io::Error::from)?;
         Ok(volumes
             .into_iter()
             .map(|v| ExportInfo {
@@ -119,7 +117,7 @@ impl ExportProvider for VolumeExports {
     async fn open(&self, name: &str) -> io::Result<Arc<NbdVolume>> {
         let volume = self.engine.open_volume(name).await.map_err(|e| match e {
             VolumeError::Invalid(_) => io::Error::new(io::ErrorKind::NotFound, e.to_string()),
-            e => to_io(e),
+            e => io::Error::from(e),
         })?;
         Ok(Arc::new(NbdVolume {
             volume,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use nbd_server::{ListenAddr, Server, ServerConfig};
-use strata_volume::{Engine, VolumeError};
+use strata_volume::{Engine, VolumeError, VolumeInfo};
 
 use crate::cli::ServeArgs;
 use crate::nbd_volume::VolumeExports;
@@ -33,8 +33,9 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     let server = Server::bind(exports, &addrs, config)
         .await
         .context("cannot listen")?;
-    print_uris(&engine, &server.local_addrs()).await?;
-    open_all_in_background(&engine).await;
+    let volumes = engine.list_volumes().await?;
+    print_uris(&volumes, &server.local_addrs())?;
+    open_all_in_background(&engine, volumes);
     let result = server.run(shutdown_signal()).await;
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
@@ -47,14 +48,7 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
 
 /// Opens (recovers) every volume now rather than at its first client, so
 /// journals are replayed and uploaded promptly and errors show at once.
-async fn open_all_in_background(engine: &Arc<Engine>) {
-    let volumes = match engine.list_volumes().await {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot list volumes");
-            return;
-        }
-    };
+fn open_all_in_background(engine: &Arc<Engine>, volumes: Vec<VolumeInfo>) {
     for v in volumes {
         let engine = engine.clone();
         tokio::spawn(async move {
@@ -101,10 +95,9 @@ fn listen_addrs(engine: &Engine, args: &ServeArgs) -> anyhow::Result<Vec<ListenA
 }
 
 /// Prints the URI of each volume at each address, then `ready`.
-async fn print_uris(engine: &Engine, addrs: &[ListenAddr]) -> anyhow::Result<()> {
-    let volumes = engine.list_volumes().await?;
+fn print_uris(volumes: &[VolumeInfo], addrs: &[ListenAddr]) -> anyhow::Result<()> {
     for addr in addrs {
-        for v in &volumes {
+        for v in volumes {
             match addr {
                 ListenAddr::Unix(path) => {
                     println!("nbd+unix:///{}?socket={}", v.name, path.display())
