@@ -60,6 +60,29 @@ impl LocalReader {
         Ok(f)
     }
 
+    /// Takes the directory's compare-and-swap lock (see `Store::put_if`);
+    /// released when the returned file is dropped. Waits on the blocking
+    /// pool: holders keep it for one small read and write.
+    pub(crate) async fn cas_lock(&self) -> io::Result<File> {
+        let path = self.root.join(".strata-cas.lock");
+        tokio::task::spawn_blocking(move || {
+            use std::os::unix::io::AsRawFd;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)?;
+            // SAFETY: flock only operates on the descriptor, which `file`
+            // owns and keeps open for the duration of the call.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(file)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
     pub(crate) fn invalidate(&self, location: &Path) {
         self.files.lock().remove(location.as_ref());
     }

@@ -1,8 +1,9 @@
 //! Opening a store from a path or URL.
 //!
 //! Accepted forms: a filesystem path or `file:///abs/path` (the embedded
-//! local-directory store, created if missing), and `memory://` (in-memory,
-//! for tests; gone when the process exits).
+//! local-directory store, created if missing), `memory://` (in-memory, for
+//! tests; gone when the process exits) and `s3://bucket/prefix` (any
+//! S3-compatible service; see `s3_config.rs`).
 
 use std::fmt;
 use std::ops::Range;
@@ -11,9 +12,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use object_store::path::Path;
-use object_store::{PutOptions, PutPayload, PutResult};
+use object_store::{PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 
+use crate::counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
 use crate::local_reader::LocalReader;
+use crate::s3_config::S3Config;
+use object_store::prefix::PrefixStore;
 
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
@@ -34,6 +38,8 @@ pub struct Store {
     description: String,
     /// The embedded store's fast paths (and its root directory).
     local_reader: Option<Arc<LocalReader>>,
+    /// Responses by HTTP version (S3 stores).
+    http_versions: Option<Arc<HttpVersionCounts>>,
 }
 
 impl fmt::Debug for Store {
@@ -58,10 +64,14 @@ impl Store {
             }
             return Store::local(FsPath::new(rest)).map_err(unusable);
         }
+        if spec.starts_with("s3://") {
+            let env = |k: &str| std::env::var(k).ok();
+            return Store::s3(spec, &env).map_err(unusable);
+        }
         if let Some((scheme, _)) = spec.split_once("://") {
             return Err(unusable(format!(
                 "the {scheme}:// scheme is not supported; use a directory path, \
-                 file:///path or memory://"
+                 file:///path, s3://bucket/prefix or memory://"
             )));
         }
         Store::local(FsPath::new(spec)).map_err(unusable)
@@ -69,11 +79,23 @@ impl Store {
 
     /// An in-memory store (tests).
     pub fn in_memory() -> Store {
-        Store {
-            inner: Arc::new(InMemory::new()),
-            description: "memory://".to_string(),
-            local_reader: None,
-        }
+        Store::from_object_store(Arc::new(InMemory::new()), "memory://".to_string())
+    }
+
+    /// An S3-compatible store; `env` supplies the environment (see
+    /// `s3_config.rs` for what is read).
+    pub fn s3(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Store, String> {
+        let config = S3Config::parse(spec, env)?;
+        let counts = Arc::new(HttpVersionCounts::default());
+        let bucket_root = config.build(counts.clone())?;
+        let inner: Arc<dyn ObjectStore> = if config.prefix.is_empty() {
+            bucket_root
+        } else {
+            Arc::new(PrefixStore::new(bucket_root, config.prefix.as_str()))
+        };
+        let mut store = Store::from_object_store(inner, config.describe());
+        store.http_versions = Some(counts);
+        Ok(store)
     }
 
     /// The embedded store: a local directory, created if missing.
@@ -90,6 +112,7 @@ impl Store {
             inner: Arc::new(fs),
             description: format!("file://{}", dir.display()),
             local_reader: Some(Arc::new(LocalReader::new(dir))),
+            http_versions: None,
         })
     }
 
@@ -99,6 +122,7 @@ impl Store {
             inner,
             description,
             local_reader: None,
+            http_versions: None,
         }
     }
 
@@ -126,6 +150,70 @@ impl Store {
             r.invalidate(location);
         }
         result
+    }
+
+    /// Reads a whole object and its version (`None` if it does not exist),
+    /// for a later [`Store::put_if`].
+    pub async fn get_versioned(
+        &self,
+        location: &Path,
+    ) -> object_store::Result<Option<(Bytes, UpdateVersion)>> {
+        let got = match self.inner.get(location).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let version = UpdateVersion {
+            e_tag: got.meta.e_tag.clone(),
+            version: got.meta.version.clone(),
+        };
+        Ok(Some((got.bytes().await?, version)))
+    }
+
+    /// Writes an object only if it is still as the caller last saw it:
+    /// absent (`expected` = `None`, an If-None-Match PUT) or at version
+    /// `expected` (an If-Match PUT). A conflict is
+    /// `object_store::Error::AlreadyExists` or `Precondition`. Returns the
+    /// new version.
+    ///
+    /// The embedded store's filesystem cannot compare-and-swap; there the
+    /// swap runs under an exclusive `flock` on `<root>/.strata-cas.lock`,
+    /// which every strata process using that directory takes.
+    pub async fn put_if(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        expected: Option<&UpdateVersion>,
+    ) -> object_store::Result<UpdateVersion> {
+        let (Some(reader), Some(version)) = (&self.local_reader, expected) else {
+            let mode = match expected {
+                None => PutMode::Create,
+                Some(v) => PutMode::Update(v.clone()),
+            };
+            let opts = PutOptions {
+                mode,
+                ..PutOptions::default()
+            };
+            return self.put_opts(location, payload, opts).await.map(Into::into);
+        };
+        let _lock = reader.cas_lock().await.map_err(|e| object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(e),
+        })?;
+        let current = match self.inner.head(location).await {
+            Ok(meta) => meta.e_tag,
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if current.is_none() || current != version.e_tag {
+            return Err(object_store::Error::Precondition {
+                path: location.to_string(),
+                source: "the object changed since it was read".into(),
+            });
+        }
+        self.put_opts(location, payload, PutOptions::default())
+            .await
+            .map(Into::into)
     }
 
     /// Deletes an object.
@@ -160,6 +248,17 @@ impl Store {
     /// The underlying object store.
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.inner
+    }
+
+    /// Responses received by HTTP version, for stores that speak HTTP.
+    pub fn http_versions(&self) -> Option<HttpVersionSnapshot> {
+        self.http_versions.as_ref().map(|c| c.snapshot())
+    }
+
+    /// Whether this is the embedded local-directory store (whose reads are
+    /// page-cache `pread`s: read-ahead and a disk cache tier buy nothing).
+    pub fn is_local(&self) -> bool {
+        self.local_reader.is_some()
     }
 
     /// What the store is, for messages (never contains credentials).

@@ -29,6 +29,22 @@ pub struct VolumeConfig {
     pub checkpoint_every_segments: u64,
     /// Largest single write the engine accepts.
     pub max_write_bytes: u64,
+    /// A lease not renewed for this long may be taken by another server.
+    pub lease_ttl_ms: u64,
+    /// When FLUSH (and FUA) return: journal on local disk, or the store.
+    pub durability: Durability,
+}
+
+/// What a completed FLUSH guarantees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Everything before the FLUSH is in the local journal (fdatasync): it
+    /// survives a crash of the process or the host, not loss of the disk.
+    #[default]
+    Local,
+    /// Everything before the FLUSH is in the object store: it survives loss
+    /// of the host. Each FLUSH seals and uploads a (possibly small) segment.
+    Remote,
 }
 
 impl VolumeConfig {
@@ -43,6 +59,8 @@ impl VolumeConfig {
             max_parallel_uploads: 4,
             checkpoint_every_segments: 16,
             max_write_bytes: 32 * MIB,
+            lease_ttl_ms: crate::lease::DEFAULT_LEASE_TTL_MS,
+            durability: Durability::Local,
         }
     }
 
@@ -70,6 +88,13 @@ impl VolumeConfig {
         }
         if !self.journal_bytes.is_multiple_of(4096) {
             return Err("journal size must be a multiple of 4 KiB".into());
+        }
+        if self.lease_ttl_ms < crate::lease::MIN_LEASE_TTL_MS {
+            return Err(format!(
+                "lease TTL must be at least {} ms (got {})",
+                crate::lease::MIN_LEASE_TTL_MS,
+                self.lease_ttl_ms
+            ));
         }
         if self.max_parallel_uploads == 0 || self.checkpoint_every_segments == 0 {
             return Err("parallel uploads and checkpoint interval must be at least 1".into());

@@ -165,10 +165,9 @@ impl Engine {
                 "volume {name:?} is being served; stop serving it first"
             )));
         }
-        let manifest = read_manifest(&self.store, name).await?;
-        let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         // Refuse while any server holds the volume; hold it while deleting.
-        let _ownership = take_ownership(&self.store, &self.config, &manifest, &uuid).await?;
+        let (_ownership, manifest, _) = take_ownership(&self.store, &self.config, name).await?;
+        let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
         let os = self.store.object_store();
         // The manifest goes first: from then on the volume does not exist,

@@ -29,7 +29,7 @@ mod uploader;
 mod volume;
 
 pub use cache::CacheStats;
-pub use config::VolumeConfig;
+pub use config::{Durability, VolumeConfig};
 pub use engine::{Engine, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::VolumeError;
 pub use manifest::Manifest;

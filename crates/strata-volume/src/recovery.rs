@@ -20,7 +20,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::TryStreamExt;
+use object_store::{PutPayload, UpdateVersion};
 use parking_lot::Mutex;
 use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
@@ -30,7 +32,7 @@ use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::extent_map::{ExtentMap, Target};
 use crate::journal::{self, record_bytes, Journal, Position, Superblock};
-use crate::lease::{self, LocalLock};
+use crate::lease::{self, Ownership, RenewError};
 use crate::manifest::Manifest;
 use crate::read_path::{fetch_segment_header, SharedCaches};
 use crate::segment::{EntryKind, JournalSpan, OpenSegment};
@@ -53,14 +55,22 @@ pub(crate) fn store_error(
 
 /// Reads and verifies a volume's manifest.
 pub(crate) async fn read_manifest(store: &Store, name: &str) -> Result<Manifest, VolumeError> {
+    Ok(read_manifest_versioned(store, name).await?.0)
+}
+
+/// Reads and verifies a volume's manifest, with its version (for a
+/// conditional write).
+pub(crate) async fn read_manifest_versioned(
+    store: &Store,
+    name: &str,
+) -> Result<(Manifest, UpdateVersion), VolumeError> {
     let path = ObjectNames::new(name).manifest();
-    let got = store.object_store().get(&path).await;
-    let bytes = match got {
-        Ok(r) => r.bytes().await.map_err(store_error(store, "read", &path))?,
-        Err(object_store::Error::NotFound { .. }) => {
-            return Err(VolumeError::NotFound(name.to_string()))
-        }
-        Err(e) => return Err(store_error(store, "read", &path)(e)),
+    let Some((bytes, version)) = store
+        .get_versioned(&path)
+        .await
+        .map_err(store_error(store, "read", &path))?
+    else {
+        return Err(VolumeError::NotFound(name.to_string()));
     };
     let m = Manifest::decode(&bytes).map_err(|detail| VolumeError::Corrupt {
         path: path.to_string(),
@@ -72,7 +82,7 @@ pub(crate) async fn read_manifest(store: &Store, name: &str) -> Result<Manifest,
             detail: format!("manifest names volume {:?}", m.name),
         });
     }
-    Ok(m)
+    Ok((m, version))
 }
 
 /// Sequence numbers of a volume's stored segments, sorted.
@@ -108,13 +118,15 @@ fn local_path(config: &VolumeConfig, name: &str, uuid: &[u8; 16], ext: &str) -> 
     config.journal_dir().join(format!("{name}-{hex}.{ext}"))
 }
 
-/// Takes the local lock and the store lease of a volume (see `lease.rs`).
+/// Takes the local lock, the store lease and a new epoch of volume `name`
+/// (see `lease.rs`). Returns the manifest as written with the new epoch.
 pub(crate) async fn take_ownership(
     store: &Store,
     config: &VolumeConfig,
-    manifest: &Manifest,
-    uuid: &[u8; 16],
-) -> Result<(LocalLock, String), VolumeError> {
+    name: &str,
+) -> Result<(Ownership, Manifest, UpdateVersion), VolumeError> {
+    let (mut manifest, mut version) = read_manifest_versioned(store, name).await?;
+    let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
     std::fs::create_dir_all(config.journal_dir()).map_err(|source| VolumeError::Io {
         what: format!(
             "create journal directory {}",
@@ -122,13 +134,40 @@ pub(crate) async fn take_ownership(
         ),
         source,
     })?;
-    let lock = lease::lock_locally(&lock_path(config, &manifest.name, uuid), &manifest.name)?;
-    let holder = lease::holder_id(&config.data_dir);
-    let names = ObjectNames::new(&manifest.name);
-    let current = lease::read_lease(store, &names).await?;
-    lease::check_free(current.as_ref(), &holder, &manifest.name)?;
-    lease::write_lease(store, &names, &holder).await?;
-    Ok((lock, holder))
+    let lock = lease::lock_locally(&lock_path(config, name, &uuid), name)?;
+    let holder = lease::holder_id(&config.data_dir)?;
+    let names = ObjectNames::new(name);
+    let epoch = manifest.epoch + 1;
+    let sent_at = std::time::Instant::now();
+    let held = lease::acquire(store, &names, &holder, config.lease_ttl_ms, epoch, name).await?;
+    let path = names.manifest();
+    loop {
+        if manifest.epoch >= epoch {
+            return Err(VolumeError::Busy(format!(
+                "volume {name:?} was opened by another server (epoch {}) while this one was opening it",
+                manifest.epoch
+            )));
+        }
+        manifest.epoch = epoch;
+        let payload = PutPayload::from(Bytes::from(manifest.encode()));
+        match store.put_if(&path, payload, Some(&version)).await {
+            Ok(v) => {
+                version = v;
+                break;
+            }
+            Err(object_store::Error::Precondition { .. }) => {
+                // Changed since we read it: maybe a lost reply of our own
+                // write, maybe a late write of the previous holder.
+                (manifest, version) = read_manifest_versioned(store, name).await?;
+                if manifest.epoch == epoch {
+                    break;
+                }
+            }
+            Err(e) => return Err(store_error(store, "write", &path)(e)),
+        }
+    }
+    let ownership = Ownership::new(holder, lock, held, sent_at);
+    Ok((ownership, manifest, version))
 }
 
 struct Recovered {
@@ -147,11 +186,11 @@ impl Volume {
         caches: Arc<SharedCaches>,
     ) -> Result<Arc<Volume>, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
-        let manifest = read_manifest(&store, name).await?;
+        let started = std::time::Instant::now();
+        let (ownership, manifest, manifest_version) =
+            take_ownership(&store, &config, name).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
-        let started = std::time::Instant::now();
-        let (local_lock, holder) = take_ownership(&store, &config, &manifest, &uuid).await?;
         let rec = recover_from_store(&store, &names, &manifest, uuid).await?;
         let jpath = journal_path(&config, name, &uuid);
         let (sb, start) = choose_journal(&jpath, &config, uuid, rec.span)?;
@@ -188,11 +227,10 @@ impl Volume {
             space: Notify::new(),
             progress: Notify::new(),
             caches,
-            manifest: tokio::sync::Mutex::new(manifest),
+            manifest: tokio::sync::Mutex::new((manifest, manifest_version)),
             closed: AtomicBool::new(false),
             buffer_pool: Mutex::new(Vec::new()),
-            local_lock: Mutex::new(Some(local_lock)),
-            holder,
+            ownership,
             segments_uploaded: AtomicU64::new(0),
             bytes_uploaded: AtomicU64::new(0),
             store_reads: AtomicU64::new(0),
@@ -201,7 +239,7 @@ impl Volume {
         vol.start_replayed_uploads();
         vol.start_age_sealer();
         vol.start_lease_renewal();
-        tracing::info!(volume = %name, replayed_records = replayed, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
+        tracing::info!(volume = %name, holder = %vol.ownership.holder, epoch = vol.ownership.epoch, replayed_records = replayed, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
         Ok(vol)
     }
 
@@ -215,22 +253,34 @@ impl Volume {
         }
     }
 
-    /// Renews the store lease every third of its TTL while open.
+    /// Renews the store lease every third of its TTL while open (every
+    /// second after a failure); fences the volume on a takeover.
     fn start_lease_renewal(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
-        let period = std::time::Duration::from_millis(lease::LEASE_TTL_MS / 3);
+        let ttl_ms = self.ownership.ttl_ms;
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
+            let mut delay_ms = ttl_ms / 3;
             loop {
-                tick.tick().await;
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
                 let Some(vol) = weak.upgrade() else { return };
                 if vol.closed.load(std::sync::atomic::Ordering::Acquire) {
                     return;
                 }
-                if let Err(e) = lease::write_lease(&vol.store, &vol.names, &vol.holder).await {
-                    tracing::warn!(volume = %vol.name, error = %e, "cannot renew the lease; retrying");
-                }
+                delay_ms = match vol.ownership.renew(&vol.store, &vol.names).await {
+                    Ok(()) => {
+                        vol.space.notify_waiters();
+                        ttl_ms / 3
+                    }
+                    Err(RenewError::Fenced(detail)) => {
+                        vol.fence(detail);
+                        return;
+                    }
+                    Err(RenewError::Store(e)) => {
+                        let valid = vol.ownership.is_valid();
+                        tracing::warn!(volume = %vol.name, error = %e, writes_allowed = valid, "cannot renew the lease; retrying (writes wait once it may have expired)");
+                        (ttl_ms / 10).clamp(100, 1000)
+                    }
+                };
             }
         });
     }

@@ -17,7 +17,7 @@ use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
 
 use crate::cache::CacheStats;
-use crate::config::VolumeConfig;
+use crate::config::{Durability, VolumeConfig};
 use crate::error::VolumeError;
 use crate::extent_map::{ExtentMap, Target};
 use crate::journal::{record_bytes, Journal, RecordKind};
@@ -101,15 +101,15 @@ pub struct Volume {
     pub(crate) progress: Notify,
     pub(crate) caches: Arc<SharedCaches>,
     pub(crate) upload_slots: Arc<tokio::sync::Semaphore>,
-    pub(crate) manifest: tokio::sync::Mutex<Manifest>,
+    /// The manifest as we last wrote it, and its version in the store (every
+    /// write is conditional on it: see `lease.rs`).
+    pub(crate) manifest: tokio::sync::Mutex<(Manifest, object_store::UpdateVersion)>,
     pub(crate) closed: AtomicBool,
     /// Recycled segment buffers: fresh memory costs page faults (measured
     /// here: first-touch pages cost 10-20x a reused page).
     pub(crate) buffer_pool: Mutex<Vec<Vec<u8>>>,
-    /// Held while open; dropped on close (see `lease.rs`).
-    pub(crate) local_lock: Mutex<Option<crate::lease::LocalLock>>,
-    /// Our lease holder id.
-    pub(crate) holder: String,
+    /// The right to write: local lock, lease, epoch (see `lease.rs`).
+    pub(crate) ownership: crate::lease::Ownership,
     pub(crate) segments_uploaded: AtomicU64,
     pub(crate) bytes_uploaded: AtomicU64,
     pub(crate) store_reads: AtomicU64,
@@ -192,12 +192,50 @@ impl Volume {
         self.log_op(kind, offset, len, &[], fua).await
     }
 
-    /// Makes every write completed before this call survive loss of power.
-    pub async fn flush(&self) -> Result<(), VolumeError> {
+    /// Makes every write completed before this call durable: in the local
+    /// journal (survives loss of power), or with `Durability::Remote` in the
+    /// store (survives loss of the host).
+    pub async fn flush(self: &Arc<Self>) -> Result<(), VolumeError> {
         self.check_failed()?;
-        let jseq = self.journal.last_appended_jseq();
-        self.journal.sync(jseq).await?;
+        match self.config.durability {
+            Durability::Local => {
+                let jseq = self.journal.last_appended_jseq();
+                self.journal.sync(jseq).await?;
+            }
+            Durability::Remote => self.flush_to_store().await?,
+        }
         Ok(())
+    }
+
+    /// Seals what is open and waits until every segment up to it is stored.
+    async fn flush_to_store(self: &Arc<Self>) -> Result<(), VolumeError> {
+        let target_seq = {
+            let mut st = self.state.lock();
+            self.seal_locked(&mut st, false);
+            st.open.seq - 1
+        };
+        self.wait_until(|st| st.durable_seq >= target_seq || st.failed.is_some())
+            .await;
+        self.check_failed()
+    }
+
+    /// Stops serving the volume: another server took it over. Nothing
+    /// more is written (journal, segments, manifest) and reads fail too,
+    /// since the data may have changed elsewhere.
+    pub(crate) fn fence(&self, detail: String) {
+        let detail = format!(
+            "fenced: {detail}; this server stopped serving the volume (reconnect to the server that holds it now)"
+        );
+        tracing::error!(volume = %self.name, epoch = self.ownership.epoch, %detail, "volume fenced");
+        self.ownership.fence(detail.clone());
+        self.state.lock().failed.get_or_insert(detail);
+        self.space.notify_waiters();
+        self.progress.notify_waiters();
+    }
+
+    /// Whether the volume was fenced (taken over by another server).
+    pub fn is_fenced(&self) -> bool {
+        self.ownership.fenced().is_some()
     }
 
     fn check_failed(&self) -> Result<(), VolumeError> {
@@ -234,10 +272,13 @@ impl Volume {
             }
             notified.await;
         };
-        if fua {
-            self.journal.sync(jseq).await?;
-        } else {
-            self.journal.wait_written(jseq).await?;
+        match (fua, self.config.durability) {
+            (false, _) => self.journal.wait_written(jseq).await?,
+            (true, Durability::Local) => self.journal.sync(jseq).await?,
+            (true, Durability::Remote) => {
+                self.journal.wait_written(jseq).await?;
+                self.flush_to_store().await?;
+            }
         }
         Ok(())
     }
@@ -270,6 +311,11 @@ impl Volume {
         if st.buffered_cost_bytes > 0
             && st.buffered_cost_bytes + cost > self.config.write_buffer_bytes
         {
+            return Ok(None);
+        }
+        if !self.ownership.is_valid() {
+            // The lease may have expired: another server may own the volume
+            // now. Wait for a renewal (or fencing) before acknowledging.
             return Ok(None);
         }
         let Some((jseq, end_lpos)) = self.journal.try_append(kind, offset, len, data) else {
@@ -329,6 +375,12 @@ impl Volume {
     /// Reads `buf.len()` bytes at `offset`.
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         self.check_range(offset, buf.len() as u64)?;
+        if let Some(detail) = self.ownership.fenced() {
+            return Err(VolumeError::Failed {
+                name: self.name.clone(),
+                detail,
+            });
+        }
         let mut misses: Vec<Miss> = Vec::new();
         {
             let st = self.state.lock();

@@ -1,0 +1,428 @@
+//! What `--store s3://bucket/prefix` means: parsing, credentials, client.
+//!
+//! Owns the translation from what a user typed and has in their environment
+//! into an `object_store` S3 client:
+//!
+//! - URL: `s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION&addressing=path|virtual]`.
+//!   Query parameters carry only non-secret settings; a credential in the
+//!   URL is refused (process arguments are visible to every local user).
+//! - Endpoint: `endpoint=` or `AWS_ENDPOINT_URL`; none means AWS S3. An
+//!   `http://` endpoint allows plain HTTP (the user typed it).
+//! - Region: `region=`, `AWS_REGION`, `AWS_DEFAULT_REGION`, else us-east-1.
+//! - Addressing: path-style when an endpoint is given (MinIO, Ceph RGW,
+//!   Garage), virtual-hosted for AWS; `addressing=` overrides.
+//! - Credentials, first found: `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY`
+//!   (+ `AWS_SESSION_TOKEN`); the shared credentials file
+//!   (`AWS_SHARED_CREDENTIALS_FILE` or `~/.aws/credentials`, profile
+//!   `AWS_PROFILE` or `default`); on AWS only, the instance's role. They
+//!   are never logged: [`S3Config`]'s `Debug` and description omit them.
+//! - TLS: `AWS_CA_BUNDLE` names a PEM file of extra trusted certificates.
+//!
+//! The client reuses connections, offers HTTP/2 through TLS ALPN (counted
+//! per response by `counting_http_connector.rs`, so it is verified, not
+//! assumed), and has connect and request timeouts. Retries are left to the
+//! retry layer (`retrying_object_store.rs`), one policy for every backend.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::{Certificate, ClientOptions, ObjectStore, RetryConfig};
+
+use crate::counting_http_connector::{CountingHttpConnector, HttpVersionCounts};
+
+/// How long establishing a TCP (+TLS) connection may take.
+const CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// How long one request may take, body included (a 16 MiB segment PUT at
+/// 10 MB/s fits).
+const REQUEST_TIMEOUT_MS: u64 = 60_000;
+const MAX_CA_BUNDLE_BYTES: u64 = 4 << 20;
+const MAX_CREDENTIALS_FILE_BYTES: u64 = 1 << 20;
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+    /// Where they came from, for messages.
+    pub source: String,
+}
+
+/// A parsed `s3://` store specification.
+#[derive(Clone, PartialEq, Eq)]
+pub struct S3Config {
+    pub bucket: String,
+    /// Object name prefix inside the bucket, without slashes at either end.
+    pub prefix: String,
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub virtual_hosted: bool,
+    pub credentials: Option<Credentials>,
+    pub ca_bundle: Option<PathBuf>,
+}
+
+impl fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl S3Config {
+    /// Parses `spec` (an `s3://` URL), reading settings from `env`.
+    pub fn parse(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<S3Config, String> {
+        let url = url::Url::parse(spec).map_err(|e| format!("not a valid URL: {e}"))?;
+        let bucket = url.host_str().unwrap_or_default().to_string();
+        validate_bucket(&bucket)?;
+        let prefix = url.path().trim_matches('/').to_string();
+        let mut endpoint = env("AWS_ENDPOINT_URL").filter(|s| !s.is_empty());
+        let mut region = env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "us-east-1".to_string());
+        let mut addressing: Option<bool> = None;
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "endpoint" => endpoint = Some(value.into_owned()),
+                "region" => region = value.into_owned(),
+                "addressing" => addressing = Some(parse_addressing(&value)?),
+                k if is_secret_key(k) => {
+                    return Err(format!(
+                        "credentials are not accepted in the store URL ({k}=...): process arguments are visible to every user of this machine; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment or write them to ~/.aws/credentials"
+                    ))
+                }
+                k => {
+                    return Err(format!(
+                        "unknown parameter {k:?} in the store URL; known: endpoint, region, addressing"
+                    ))
+                }
+            }
+        }
+        if let Some(e) = &endpoint {
+            validate_endpoint(e)?;
+        }
+        let credentials = find_credentials(env)?;
+        if credentials.is_none() && endpoint.is_some() {
+            return Err("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or write them to ~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE)".into());
+        }
+        Ok(S3Config {
+            bucket,
+            prefix,
+            virtual_hosted: addressing.unwrap_or(endpoint.is_none()),
+            endpoint,
+            region,
+            credentials,
+            ca_bundle: env("AWS_CA_BUNDLE").filter(|s| !s.is_empty()).map(PathBuf::from),
+        })
+    }
+
+    /// A description for messages: never contains credentials.
+    pub fn describe(&self) -> String {
+        let mut s = format!("s3://{}", self.bucket);
+        if !self.prefix.is_empty() {
+            s.push('/');
+            s.push_str(&self.prefix);
+        }
+        match &self.endpoint {
+            Some(e) => s.push_str(&format!(" (endpoint {e}, region {})", self.region)),
+            None => s.push_str(&format!(" (AWS, region {})", self.region)),
+        }
+        s
+    }
+
+    /// Builds the S3 client (the bucket root; the prefix is applied by the
+    /// caller).
+    pub fn build(&self, counts: Arc<HttpVersionCounts>) -> Result<Arc<dyn ObjectStore>, String> {
+        let mut options = ClientOptions::new()
+            .with_allow_http2()
+            .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+            .with_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS))
+            .with_pool_idle_timeout(Duration::from_secs(60));
+        if let Some(path) = &self.ca_bundle {
+            for cert in read_ca_bundle(path)? {
+                options = options.with_root_certificate(cert);
+            }
+        }
+        let allow_http = self
+            .endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"));
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&self.bucket)
+            .with_region(&self.region)
+            .with_virtual_hosted_style_request(self.virtual_hosted)
+            .with_client_options(options.with_allow_http(allow_http))
+            .with_http_connector(CountingHttpConnector::new(counts))
+            // One retry policy for every backend: the retry layer's.
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            });
+        if let Some(e) = &self.endpoint {
+            builder = builder.with_endpoint(e);
+        }
+        if let Some(c) = &self.credentials {
+            builder = builder
+                .with_access_key_id(&c.access_key_id)
+                .with_secret_access_key(&c.secret_access_key);
+            if let Some(t) = &c.session_token {
+                builder = builder.with_token(t);
+            }
+        }
+        let s3 = builder
+            .build()
+            .map_err(|e| format!("cannot configure the S3 client: {e}"))?;
+        Ok(Arc::new(s3))
+    }
+}
+
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["key", "secret", "token", "password", "credential"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+fn parse_addressing(value: &str) -> Result<bool, String> {
+    match value {
+        "path" => Ok(false),
+        "virtual" => Ok(true),
+        v => Err(format!(
+            "addressing must be \"path\" or \"virtual\" (got {v:?})"
+        )),
+    }
+}
+
+/// S3 bucket naming rules (the subset that matters for a URL host).
+fn validate_bucket(bucket: &str) -> Result<(), String> {
+    let ok_chars = bucket
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if bucket.len() < 3 || bucket.len() > 63 || !ok_chars {
+        return Err(format!(
+            "bucket name {bucket:?} is not valid: 3 to 63 characters of a-z, 0-9, '-' and '.' (use s3://BUCKET/PREFIX)"
+        ));
+    }
+    Ok(())
+}
+
+fn validate_endpoint(endpoint: &str) -> Result<(), String> {
+    let url = url::Url::parse(endpoint)
+        .map_err(|e| format!("S3 endpoint {endpoint:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!(
+            "S3 endpoint {endpoint:?} must be http://HOST[:PORT] or https://HOST[:PORT]"
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("credentials are not accepted in the S3 endpoint URL; use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY".into());
+    }
+    Ok(())
+}
+
+fn find_credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Credentials>, String> {
+    let key = env("AWS_ACCESS_KEY_ID").filter(|s| !s.is_empty());
+    let secret = env("AWS_SECRET_ACCESS_KEY").filter(|s| !s.is_empty());
+    match (key, secret) {
+        (Some(access_key_id), Some(secret_access_key)) => {
+            return Ok(Some(Credentials {
+                access_key_id,
+                secret_access_key,
+                session_token: env("AWS_SESSION_TOKEN").filter(|s| !s.is_empty()),
+                source: "environment".into(),
+            }))
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together".into(),
+            )
+        }
+        (None, None) => {}
+    }
+    let explicit = env("AWS_SHARED_CREDENTIALS_FILE").filter(|s| !s.is_empty());
+    let path = match (&explicit, env("HOME")) {
+        (Some(p), _) => PathBuf::from(p),
+        (None, Some(home)) => PathBuf::from(home).join(".aws").join("credentials"),
+        (None, None) => return Ok(None),
+    };
+    let profile = env("AWS_PROFILE")
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into());
+    let text = match read_bounded(&path, MAX_CREDENTIALS_FILE_BYTES) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+            return Ok(None)
+        }
+        Err(e) => return Err(format!("cannot read credentials file {}: {e}", path.display())),
+    };
+    let text = String::from_utf8(text)
+        .map_err(|_| format!("credentials file {} is not UTF-8", path.display()))?;
+    parse_credentials_file(&text, &profile, &path.display().to_string())
+}
+
+/// Reads profile `profile` of an AWS shared credentials file (INI).
+fn parse_credentials_file(
+    text: &str,
+    profile: &str,
+    file: &str,
+) -> Result<Option<Credentials>, String> {
+    let mut in_profile = false;
+    let (mut key, mut secret, mut token) = (None, None, None);
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            in_profile = section.trim() == profile;
+            continue;
+        }
+        if !in_profile {
+            continue;
+        }
+        if let Some((k, v)) = line.split_once('=') {
+            let v = Some(v.trim().to_string());
+            match k.trim() {
+                "aws_access_key_id" => key = v,
+                "aws_secret_access_key" => secret = v,
+                "aws_session_token" => token = v,
+                _ => {}
+            }
+        }
+    }
+    match (key, secret) {
+        (Some(access_key_id), Some(secret_access_key)) => Ok(Some(Credentials {
+            access_key_id,
+            secret_access_key,
+            session_token: token,
+            source: format!("{file} [{profile}]"),
+        })),
+        (None, None) => Ok(None),
+        _ => Err(format!(
+            "profile [{profile}] of {file} needs both aws_access_key_id and aws_secret_access_key"
+        )),
+    }
+}
+
+fn read_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)?
+        .take(max_bytes + 1)
+        .read_to_end(&mut buf)?;
+    if buf.len() as u64 > max_bytes {
+        return Err(std::io::Error::other(format!(
+            "larger than {max_bytes} bytes"
+        )));
+    }
+    Ok(buf)
+}
+
+fn read_ca_bundle(path: &std::path::Path) -> Result<Vec<Certificate>, String> {
+    let pem = read_bounded(path, MAX_CA_BUNDLE_BYTES)
+        .map_err(|e| format!("cannot read AWS_CA_BUNDLE {}: {e}", path.display()))?;
+    let certs = Certificate::from_pem_bundle(&pem)
+        .map_err(|e| format!("AWS_CA_BUNDLE {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "AWS_CA_BUNDLE {} holds no PEM certificate",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    const KEYS: [(&str, &str); 2] = [
+        ("AWS_ACCESS_KEY_ID", "AKID"),
+        ("AWS_SECRET_ACCESS_KEY", "s3cr3t"),
+    ];
+
+    #[test]
+    fn parses_bucket_prefix_endpoint_and_region() {
+        let env = env_of(&KEYS);
+        let c = S3Config::parse(
+            "s3://vols/a/b/?endpoint=http://127.0.0.1:9000&region=eu-1",
+            &env,
+        )
+        .unwrap();
+        assert_eq!(c.bucket, "vols");
+        assert_eq!(c.prefix, "a/b");
+        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(c.region, "eu-1");
+        assert!(!c.virtual_hosted, "path-style with an endpoint");
+        assert_eq!(c.credentials.as_ref().unwrap().source, "environment");
+        let d = c.describe();
+        assert!(!d.contains("s3cr3t") && !d.contains("AKID"), "{d}");
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        let aws = S3Config::parse("s3://vols", &env).unwrap();
+        assert!(aws.virtual_hosted && aws.prefix.is_empty());
+        assert_eq!(aws.region, "us-east-1");
+    }
+
+    #[test]
+    fn refuses_secrets_in_arguments_and_bad_input() {
+        let env = env_of(&KEYS);
+        for (spec, want) in [
+            ("s3://vols?secret_access_key=x", "not accepted"),
+            ("s3://vols?access_key_id=x", "not accepted"),
+            ("s3://vols?endpoint=http://u:p@h:9000", "not accepted"),
+            ("s3://vols?colour=blue", "unknown parameter"),
+            ("s3://Vols_1", "not valid"),
+            ("s3://vols?addressing=sideways", "addressing"),
+            ("s3://vols?endpoint=ftp://h", "must be http"),
+        ] {
+            let err = S3Config::parse(spec, &env).unwrap_err();
+            assert!(err.contains(want), "{spec}: {err}");
+        }
+        let half = env_of(&[("AWS_ACCESS_KEY_ID", "x")]);
+        assert!(S3Config::parse("s3://vols", &half).is_err());
+        let none = env_of(&[("AWS_ENDPOINT_URL", "http://h:1")]);
+        let err = S3Config::parse("s3://vols", &none).unwrap_err();
+        assert!(err.contains("no S3 credentials"), "{err}");
+    }
+
+    #[test]
+    fn reads_the_shared_credentials_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("credentials");
+        std::fs::write(
+            &file,
+            "[default]\naws_access_key_id = D\naws_secret_access_key = DS\n\n[ci]\n# c\naws_access_key_id=C\naws_secret_access_key=CS\naws_session_token=T\n",
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let env = env_of(&[
+            ("AWS_SHARED_CREDENTIALS_FILE", f),
+            ("AWS_PROFILE", "ci"),
+            ("AWS_ENDPOINT_URL", "http://h:1"),
+        ]);
+        let c = S3Config::parse("s3://vols", &env).unwrap();
+        let cred = c.credentials.unwrap();
+        assert_eq!(
+            (cred.access_key_id.as_str(), cred.secret_access_key.as_str()),
+            ("C", "CS")
+        );
+        assert_eq!(cred.session_token.as_deref(), Some("T"));
+        let env = env_of(&[("HOME", dir.path().to_str().unwrap())]);
+        assert!(S3Config::parse("s3://vols", &env)
+            .unwrap()
+            .credentials
+            .is_none());
+        let env = env_of(&[("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/creds")]);
+        assert!(S3Config::parse("s3://vols", &env).is_err());
+    }
+}
