@@ -512,3 +512,191 @@ impl<T: ObjectStore> FaultInjectingObjectStore<T> {
         delay_first.chain(body).boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::RecordingSleeper;
+    use futures::TryStreamExt;
+    use object_store::memory::InMemory;
+
+    fn faulty(
+        config: &str,
+    ) -> (
+        FaultInjectingObjectStore<Arc<dyn ObjectStore>>,
+        Arc<dyn ObjectStore>,
+        Arc<RecordingSleeper>,
+    ) {
+        let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let sleeper = Arc::new(RecordingSleeper::default());
+        let store = FaultInjectingObjectStore::with_env(
+            Arc::clone(&memory),
+            FaultConfig::parse(config).unwrap(),
+            Arc::clone(&sleeper) as Arc<dyn Sleeper>,
+            Arc::new(SplitMixEntropy::seeded(5)),
+        );
+        (store, memory, sleeper)
+    }
+
+    fn is_injected(error: &Error) -> bool {
+        matches!(error, Error::Generic { store, .. } if *store == FAULT_INJECTION_STORE)
+            && error.to_string().contains("injected fault")
+    }
+
+    #[test]
+    fn parse_accepts_the_documented_example() {
+        let text = "error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01";
+        let config = FaultConfig::parse(text).unwrap();
+        let expected = FaultConfig {
+            error_rate: 0.05,
+            added_latency_ms: 20,
+            latency_jitter_ms: 10,
+            fail_nth: Some(7),
+            lost_reply_rate: 0.01,
+            seed: None,
+        };
+        assert_eq!(config, expected);
+        assert_eq!(FaultConfig::parse(&config.to_string()).unwrap(), config);
+        assert_eq!(FaultConfig::parse("").unwrap(), FaultConfig::default());
+        let spaced: FaultConfig = " seed = 3 , error_rate=1 ,".parse().unwrap();
+        assert_eq!((spaced.seed, spaced.error_rate), (Some(3), 1.0));
+    }
+
+    #[test]
+    fn parse_rejects_bad_input_naming_the_key() {
+        let cases = [
+            ("error_rate=2", "error_rate"),
+            ("foo=1", "foo"),
+            ("latency_ms=x", "latency_ms"),
+            ("lost_reply_rate=-0.1", "lost_reply_rate"),
+            ("fail_nth=0", "fail_nth"),
+            ("jitter_ms=1.5", "jitter_ms"),
+            ("error_rate", "error_rate"),
+            ("seed=1,seed=2", "seed"),
+        ];
+        for (text, key) in cases {
+            let error = FaultConfig::parse(text).unwrap_err().to_string();
+            assert!(error.contains(key), "{text:?} gave {error:?}");
+        }
+        let error = FaultConfig::parse("error_rate=2").unwrap_err();
+        assert!(
+            matches!(error, FaultConfigError::BadValue { .. }),
+            "{error}"
+        );
+        let error = FaultConfig::parse("foo=1").unwrap_err();
+        assert!(
+            matches!(error, FaultConfigError::UnknownKey { .. }),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn fail_nth_fails_exactly_that_call() {
+        let (store, _, _) = faulty("fail_nth=3");
+        let mut failed = Vec::new();
+        for i in 1..=6u64 {
+            let path = Path::from(format!("o{i}"));
+            if let Err(error) = store.put(&path, PutPayload::from_static(b"x")).await {
+                assert!(is_injected(&error), "{error}");
+                failed.push(i);
+            }
+        }
+        assert_eq!(failed, [3]);
+        assert_eq!(store.stats().snapshot().calls, 6);
+        assert_eq!(store.stats().snapshot().injected_errors, 1);
+    }
+
+    #[tokio::test]
+    async fn lost_replies_apply_only_to_mutations_that_happened() {
+        let (store, memory, _) = faulty("lost_reply_rate=1");
+        let path = Path::from("vol/segment");
+        let error = store
+            .put(&path, PutPayload::from_static(b"data"))
+            .await
+            .unwrap_err();
+        assert!(is_injected(&error), "{error}");
+        let stored = memory.get(&path).await.unwrap().bytes().await.unwrap();
+        assert_eq!(stored, Bytes::from_static(b"data"), "the put happened");
+
+        let read = store.get_range(&path, 0..2).await.unwrap();
+        assert_eq!(read, Bytes::from_static(b"da"), "reads are not affected");
+
+        store
+            .copy(&path, &Path::from("vol/copy"))
+            .await
+            .unwrap_err();
+        memory.head(&Path::from("vol/copy")).await.unwrap();
+        store.delete(&path).await.unwrap_err();
+        let gone = memory.head(&path).await.unwrap_err();
+        assert!(
+            matches!(gone, Error::NotFound { .. }),
+            "the delete happened"
+        );
+
+        // A mutation the store refused is reported as the store said.
+        let error = store.copy(&path, &Path::from("x")).await.unwrap_err();
+        assert!(matches!(error, Error::NotFound { .. }), "{error}");
+        assert_eq!(store.stats().lost_replies(), 3);
+        assert_eq!(store.stats().injected_errors(), 0);
+    }
+
+    #[tokio::test]
+    async fn error_rate_is_roughly_honoured() {
+        let (store, memory, _) = faulty("error_rate=0.25");
+        memory
+            .put(&Path::from("o"), PutPayload::from_static(b"x"))
+            .await
+            .unwrap();
+        let mut failures = 0;
+        for _ in 0..4_000 {
+            if store.head(&Path::from("o")).await.is_err() {
+                failures += 1;
+            }
+        }
+        assert!((800..1_200).contains(&failures), "{failures} of 4000");
+        assert_eq!(store.stats().injected_errors(), failures);
+    }
+
+    #[tokio::test]
+    async fn latency_is_added_within_the_jitter() {
+        let (store, _, sleeper) = faulty("latency_ms=20,jitter_ms=10");
+        for _ in 0..50 {
+            store.head(&Path::from("missing")).await.unwrap_err();
+        }
+        let _ = store.list(None).try_collect::<Vec<_>>().await.unwrap();
+        let slept = sleeper.slept.lock().clone();
+        assert_eq!(slept.len(), 51, "every call, listings included, sleeps");
+        for delay in &slept {
+            let ms = delay.as_millis();
+            assert!((20..=30).contains(&ms), "{delay:?}");
+        }
+        assert!(slept.iter().any(|d| d.as_millis() != 20), "jitter varies");
+    }
+
+    #[tokio::test]
+    async fn listings_and_delete_streams_fail_like_calls() {
+        let (store, memory, _) = faulty("fail_nth=2");
+        for name in ["a", "b", "c"] {
+            memory
+                .put(&Path::from(name), PutPayload::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            store
+                .list(None)
+                .try_collect::<Vec<_>>()
+                .await
+                .unwrap()
+                .len(),
+            3
+        );
+        let error = store.list(None).try_collect::<Vec<_>>().await.unwrap_err();
+        assert!(is_injected(&error), "{error}");
+
+        let paths = futures::stream::iter(["a", "b", "c"].map(|p| Ok(Path::from(p))));
+        let results: Vec<_> = store.delete_stream(paths.boxed()).collect().await;
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
+        assert_eq!(store.stats().calls(), 5, "two listings, three deletes");
+    }
+}

@@ -393,3 +393,236 @@ impl<T: ObjectStore> ObjectStore for RetryingObjectStore<T> {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::SplitMixEntropy;
+    use crate::fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore};
+    use crate::test_support::{CountingObjectStore, RecordingSleeper};
+    use object_store::memory::InMemory;
+    use object_store::PutMode;
+
+    type Faulty = FaultInjectingObjectStore<Arc<dyn ObjectStore>>;
+
+    fn faulty(memory: &Arc<dyn ObjectStore>, config: &str, seed: u64) -> Faulty {
+        let config = FaultConfig::parse(config).unwrap();
+        FaultInjectingObjectStore::with_env(
+            Arc::clone(memory),
+            config,
+            Arc::new(RecordingSleeper::default()),
+            Arc::new(SplitMixEntropy::seeded(seed)),
+        )
+    }
+
+    fn retrying<T: ObjectStore>(
+        inner: T,
+        policy: RetryPolicy,
+    ) -> (RetryingObjectStore<T>, Arc<RecordingSleeper>) {
+        let sleeper = Arc::new(RecordingSleeper::default());
+        let store = RetryingObjectStore::with_env(
+            inner,
+            policy,
+            Arc::clone(&sleeper) as Arc<dyn Sleeper>,
+            Arc::new(SplitMixEntropy::seeded(99)),
+        );
+        (store, sleeper)
+    }
+
+    fn memory() -> Arc<dyn ObjectStore> {
+        Arc::new(InMemory::new())
+    }
+
+    #[tokio::test]
+    async fn round_trips_survive_transient_faults() {
+        let memory = memory();
+        let (store, _) = retrying(faulty(&memory, "error_rate=0.3", 1), RetryPolicy::default());
+        for i in 0..200u32 {
+            let path = Path::from(format!("vol/obj-{i}"));
+            let body = Bytes::from(format!("payload {i}").repeat(i as usize % 7 + 1));
+            store.put(&path, body.clone().into()).await.unwrap();
+            let read = store.get(&path).await.unwrap().bytes().await.unwrap();
+            assert_eq!(read, body, "object {i}");
+        }
+        let stats = store.stats().snapshot();
+        let injected = store.inner.stats().injected_errors();
+        assert!(stats.retries > 0, "error_rate 0.3 must cause retries");
+        assert_eq!(stats.gave_up, 0);
+        // Every injected failure was answered by exactly one retry.
+        assert_eq!(stats.retries, injected);
+    }
+
+    #[tokio::test]
+    async fn gives_up_after_max_attempts_with_the_last_error() {
+        let memory = memory();
+        let (store, sleeper) = retrying(faulty(&memory, "error_rate=1", 1), RetryPolicy::default());
+        let error = store
+            .put(&Path::from("a"), Bytes::from_static(b"x").into())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                Error::Generic {
+                    store: "fault-injection",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(error.to_string().contains("injected"), "{error}");
+        assert_eq!(store.inner.stats().calls(), 8, "max_attempts defaults to 8");
+        assert_eq!(store.stats().retries(), 7);
+        assert_eq!(store.stats().gave_up(), 1);
+        assert_eq!(sleeper.slept.lock().len(), 7);
+    }
+
+    #[tokio::test]
+    async fn permanent_errors_are_returned_at_once() {
+        let counting = CountingObjectStore::new(InMemory::new());
+        let calls = Arc::clone(&counting.calls);
+        let (store, sleeper) = retrying(counting, RetryPolicy::default());
+        let missing = Path::from("missing");
+        let error = store.get(&missing).await.unwrap_err();
+        assert!(matches!(error, Error::NotFound { .. }), "{error}");
+        let error = store.head(&missing).await.unwrap_err();
+        assert!(matches!(error, Error::NotFound { .. }), "{error}");
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "one call each");
+
+        let create = PutOptions::from(PutMode::Create);
+        let payload = PutPayload::from_static(b"x");
+        store
+            .put_opts(&missing, payload.clone(), create.clone())
+            .await
+            .unwrap();
+        let error = store.put_opts(&missing, payload, create).await.unwrap_err();
+        assert!(matches!(error, Error::AlreadyExists { .. }), "{error}");
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        assert_eq!(store.stats().snapshot(), RetryStatsSnapshot::default());
+        assert!(sleeper.slept.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn backoff_delays_stay_under_their_caps() {
+        let policy = RetryPolicy {
+            max_attempts: 12,
+            base_delay_ms: 50,
+            max_delay_ms: 400,
+            deadline_ms: 3_600_000,
+        };
+        let caps: Vec<u64> = (1..=5).map(|retry| policy.delay_cap_ms(retry)).collect();
+        assert_eq!(caps, [50, 100, 200, 400, 400]);
+        let memory = memory();
+        let (store, sleeper) = retrying(faulty(&memory, "error_rate=1", 1), policy.clone());
+        store.head(&Path::from("a")).await.unwrap_err();
+        let slept = sleeper.slept.lock().clone();
+        assert_eq!(slept.len(), 11);
+        for (i, delay) in slept.iter().enumerate() {
+            let cap_ms = policy.delay_cap_ms(i as u32 + 1);
+            assert!(
+                delay.as_millis() as u64 <= cap_ms,
+                "retry {}: {delay:?}",
+                i + 1
+            );
+        }
+        let distinct: std::collections::HashSet<_> = slept.iter().collect();
+        assert!(
+            distinct.len() > 5,
+            "full jitter varies the delays: {slept:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_stops_retries_early() {
+        let policy = RetryPolicy {
+            max_attempts: 1_000,
+            base_delay_ms: 1_000,
+            max_delay_ms: 1_000,
+            deadline_ms: 5_000,
+        };
+        let memory = memory();
+        let store = RetryingObjectStore::with_env(
+            faulty(&memory, "error_rate=1", 1),
+            policy,
+            Arc::new(TokioSleeper),
+            Arc::new(SplitMixEntropy::seeded(3)),
+        );
+        let started = Instant::now();
+        store.head(&Path::from("a")).await.unwrap_err();
+        assert!(started.elapsed() <= Duration::from_millis(5_000));
+        let calls = store.inner.stats().calls();
+        assert!((2..1_000).contains(&calls), "{calls} attempts");
+        assert_eq!(store.stats().gave_up(), 1);
+    }
+
+    /// The documented hazard: the first create landed but its reply was
+    /// lost, so the retry finds the object and reports `AlreadyExists`.
+    #[tokio::test]
+    async fn create_retried_after_a_lost_reply_reports_already_exists() {
+        let memory = memory();
+        let (store, _) = retrying(
+            faulty(&memory, "lost_reply_rate=1", 1),
+            RetryPolicy::default(),
+        );
+        let path = Path::from("vol/lease");
+        let payload = PutPayload::from_static(b"mine");
+        let error = store
+            .put_opts(&path, payload, PutMode::Create.into())
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::AlreadyExists { .. }), "{error}");
+        assert_eq!(store.stats().retries(), 1);
+        assert_eq!(store.inner.stats().lost_replies(), 1);
+        let stored = memory.get(&path).await.unwrap().bytes().await.unwrap();
+        assert_eq!(
+            stored,
+            Bytes::from_static(b"mine"),
+            "the first attempt landed"
+        );
+    }
+
+    #[test]
+    fn only_generic_and_unknown_errors_are_transient() {
+        let source = || -> Box<dyn std::error::Error + Send + Sync> { "x".into() };
+        let path = || "p".to_string();
+        assert!(is_transient(&Error::Generic {
+            store: "S3",
+            source: source()
+        }));
+        let permanent = [
+            Error::NotFound {
+                path: path(),
+                source: source(),
+            },
+            Error::AlreadyExists {
+                path: path(),
+                source: source(),
+            },
+            Error::Precondition {
+                path: path(),
+                source: source(),
+            },
+            Error::NotModified {
+                path: path(),
+                source: source(),
+            },
+            Error::NotImplemented,
+            Error::NotSupported { source: source() },
+            Error::PermissionDenied {
+                path: path(),
+                source: source(),
+            },
+            Error::Unauthenticated {
+                path: path(),
+                source: source(),
+            },
+            Error::UnknownConfigurationKey {
+                store: "S3",
+                key: path(),
+            },
+        ];
+        for error in &permanent {
+            assert!(!is_transient(error), "{error}");
+        }
+    }
+}
