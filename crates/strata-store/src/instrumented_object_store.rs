@@ -580,3 +580,156 @@ impl MultipartUpload for InstrumentedUpload {
         measure(&self.metrics, StoreOp::Other, self.inner.abort()).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+    use object_store::memory::InMemory;
+
+    fn instrumented() -> InstrumentedObjectStore<InMemory> {
+        InstrumentedObjectStore::new(InMemory::new(), Arc::new(StoreMetrics::new()))
+    }
+
+    fn payload(size_bytes: usize) -> PutPayload {
+        PutPayload::from(vec![7u8; size_bytes])
+    }
+
+    #[tokio::test]
+    async fn counts_and_bytes_match_what_was_done() {
+        let store = instrumented();
+        for (name, size) in [("a", 100), ("b", 200), ("c", 300)] {
+            store.put(&Path::from(name), payload(size)).await.unwrap();
+        }
+        let body = store
+            .get(&Path::from("c"))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(body.len(), 300);
+        store.get(&Path::from("nope")).await.unwrap_err();
+        store.get_range(&Path::from("b"), 10..60).await.unwrap();
+        store
+            .get_ranges(&Path::from("b"), &[0..10, 20..80])
+            .await
+            .unwrap();
+        store.head(&Path::from("a")).await.unwrap();
+        store.head(&Path::from("nope")).await.unwrap_err();
+        store
+            .copy(&Path::from("a"), &Path::from("d"))
+            .await
+            .unwrap();
+        store
+            .rename(&Path::from("d"), &Path::from("e"))
+            .await
+            .unwrap();
+        store.delete(&Path::from("e")).await.unwrap();
+        let listed = store.list(None).try_collect::<Vec<_>>().await.unwrap();
+        assert_eq!(listed.len(), 3);
+        store.list_with_delimiter(None).await.unwrap();
+
+        let s = store.metrics().snapshot();
+        let counts = |m: &OpMetricsSnapshot| (m.requests, m.errors, m.bytes_read, m.bytes_written);
+        assert_eq!(counts(&s.put), (3, 0, 0, 600));
+        assert_eq!(counts(&s.get), (2, 1, 300, 0));
+        assert_eq!(counts(&s.get_range), (2, 0, 50 + 70, 0));
+        assert_eq!(counts(&s.head), (2, 1, 0, 0));
+        assert_eq!(counts(&s.copy), (2, 0, 0, 0));
+        assert_eq!(counts(&s.delete), (1, 0, 0, 0));
+        assert_eq!(counts(&s.list), (2, 0, 0, 0));
+        assert_eq!(counts(&s.other), (0, 0, 0, 0));
+        assert_eq!(s.total_requests(), 14);
+        assert_eq!(s.total_errors(), 2);
+        for (op, m) in s.ops() {
+            assert!(m.latency_p50_us <= m.latency_p99_us, "{op:?}");
+            assert!(m.latency_p99_us <= m.latency_max_us, "{op:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn multipart_parts_count_as_puts() {
+        let store = instrumented();
+        let mut upload = store.put_multipart(&Path::from("big")).await.unwrap();
+        upload.put_part(payload(1000)).await.unwrap();
+        upload.put_part(payload(24)).await.unwrap();
+        upload.complete().await.unwrap();
+        let s = store.metrics().snapshot();
+        assert_eq!((s.put.requests, s.put.bytes_written), (2, 1024));
+        assert_eq!(s.other.requests, 2, "create and complete");
+        let read = store
+            .get(&Path::from("big"))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(read.len(), 1024);
+    }
+
+    #[tokio::test]
+    async fn a_listing_counts_when_it_ends_or_is_dropped() {
+        let store = instrumented();
+        store.put(&Path::from("a"), payload(1)).await.unwrap();
+        let listing = store.list(None);
+        assert_eq!(
+            store.metrics().snapshot().list.requests,
+            0,
+            "not yet finished"
+        );
+        drop(listing);
+        assert_eq!(store.metrics().snapshot().list.requests, 1);
+    }
+
+    #[test]
+    fn histogram_percentiles_are_within_a_factor_of_two() {
+        let histogram = LatencyHistogram::default();
+        assert_eq!(histogram.quantile_us(0.5), 0, "empty");
+        for latency_us in 1..=1000 {
+            histogram.record_us(latency_us);
+        }
+        let p50 = histogram.quantile_us(0.5);
+        let p99 = histogram.quantile_us(0.99);
+        assert!((500..1000).contains(&p50), "p50 {p50}");
+        assert!((990..=1000).contains(&p99), "p99 {p99}");
+        assert_eq!(histogram.max_us(), 1000);
+        assert_eq!(histogram.quantile_us(1.0), 1000, "clamped to the max");
+        assert_eq!(histogram.quantile_us(0.0), 1, "the smallest bucket");
+    }
+
+    #[test]
+    fn histogram_separates_fast_from_slow() {
+        let histogram = LatencyHistogram::default();
+        for _ in 0..98 {
+            histogram.record_us(100);
+        }
+        histogram.record_us(50_000);
+        histogram.record_us(u64::MAX);
+        assert_eq!(histogram.quantile_us(0.5), 127);
+        assert_eq!(histogram.quantile_us(0.98), 127);
+        assert_eq!(histogram.quantile_us(0.99), 65_535);
+        assert_eq!(histogram.max_us(), u64::MAX, "no overflow at the top");
+    }
+
+    #[tokio::test]
+    async fn snapshot_serialises_and_displays() {
+        let store = instrumented();
+        store.put(&Path::from("a"), payload(10)).await.unwrap();
+        let snapshot = store.metrics().snapshot();
+        let json = serde_json::to_value(snapshot).unwrap();
+        assert_eq!(json["put"]["requests"], 1);
+        assert_eq!(json["put"]["bytes_written"], 10);
+        assert!(json["get"]["latency_p99_us"].is_u64());
+        let line = snapshot.to_string();
+        assert!(
+            line.starts_with("put 1 req 0 err 0 B read 10 B written"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("get"),
+            "idle operations are left out: {line}"
+        );
+        assert_eq!(StoreMetricsSnapshot::default().to_string(), "no requests");
+    }
+}
