@@ -317,3 +317,87 @@ impl MultipartUpload for LimitedUpload {
         self.inner.abort().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore};
+    use crate::test_support::CountingObjectStore;
+    use futures::TryStreamExt;
+    use object_store::memory::InMemory;
+    use std::time::Duration;
+
+    /// Limit over a call counter over 20 ms of added latency.
+    fn slow_limited(
+        limit: usize,
+    ) -> LimitedObjectStore<CountingObjectStore<FaultInjectingObjectStore<InMemory>>> {
+        let slow = FaultInjectingObjectStore::new(
+            InMemory::new(),
+            FaultConfig::parse("latency_ms=20").unwrap(),
+        );
+        LimitedObjectStore::new(CountingObjectStore::new(slow), limit)
+    }
+
+    #[tokio::test]
+    async fn never_more_than_the_limit_in_flight() {
+        let store = slow_limited(2);
+        let puts = (0..8).map(|i| {
+            let store = &store;
+            async move {
+                let path = Path::from(format!("o{i}"));
+                store.put(&path, PutPayload::from_static(b"x")).await
+            }
+        });
+        for result in futures::future::join_all(puts).await {
+            result.unwrap();
+        }
+        assert_eq!(store.inner.calls.load(Ordering::SeqCst), 8);
+        assert_eq!(store.inner.max_in_flight.load(Ordering::SeqCst), 2);
+        let stats = store.stats().snapshot();
+        assert_eq!(stats.requests, 8);
+        assert!(stats.waited_requests > 0, "{stats:?}");
+        assert_eq!(store.in_flight_requests(), 0, "all permits returned");
+    }
+
+    #[tokio::test]
+    async fn a_get_body_holds_its_permit_until_dropped() {
+        let store = LimitedObjectStore::new(InMemory::new(), 1);
+        let path = Path::from("o");
+        store
+            .put(&path, PutPayload::from_static(b"x"))
+            .await
+            .unwrap();
+        let unread = store.get(&path).await.unwrap();
+        assert_eq!(store.in_flight_requests(), 1);
+        let blocked = tokio::time::timeout(Duration::from_millis(50), store.head(&path)).await;
+        assert!(blocked.is_err(), "the body still holds the only permit");
+        assert_eq!(unread.bytes().await.unwrap(), Bytes::from_static(b"x"));
+        assert_eq!(store.in_flight_requests(), 0);
+        store.head(&path).await.unwrap();
+        assert_eq!(store.stats().waited_requests(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_listing_holds_its_permit_until_done() {
+        let store = LimitedObjectStore::new(InMemory::new(), 1);
+        store
+            .put(&Path::from("o"), PutPayload::from_static(b"x"))
+            .await
+            .unwrap();
+        let mut listing = store.list(None);
+        listing.try_next().await.unwrap();
+        let path = Path::from("o");
+        let blocked = tokio::time::timeout(Duration::from_millis(50), store.head(&path)).await;
+        assert!(blocked.is_err(), "the listing holds the only permit");
+        drop(listing);
+        let all = store.list(None).try_collect::<Vec<_>>().await.unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(store.in_flight_requests(), 0);
+    }
+
+    #[test]
+    fn a_zero_limit_is_raised_to_one() {
+        let store = LimitedObjectStore::new(InMemory::new(), 0);
+        assert_eq!(store.max_in_flight_requests(), 1);
+    }
+}
