@@ -119,3 +119,82 @@ pub fn layer(inner: Arc<dyn ObjectStore>, cfg: &LayerConfig) -> Layered {
         fault_stats,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use object_store::memory::InMemory;
+    use object_store::path::Path;
+
+    fn config(faults: &str) -> LayerConfig {
+        LayerConfig {
+            max_in_flight_requests: 4,
+            faults: Some(FaultConfig::parse(faults).unwrap()),
+            ..LayerConfig::default()
+        }
+    }
+
+    /// Paused time: the real backoff sleeps (up to seconds) pass at once.
+    #[tokio::test(start_paused = true)]
+    async fn faults_are_counted_below_and_hidden_above() {
+        let layered = layer(Arc::new(InMemory::new()), &config("error_rate=0.3,seed=11"));
+        let store = &layered.store;
+        for i in 0..100 {
+            let path = Path::from(format!("vol/o{i}"));
+            let body = Bytes::from(format!("body {i}"));
+            store.put(&path, body.clone().into()).await.unwrap();
+            assert_eq!(store.get(&path).await.unwrap().bytes().await.unwrap(), body);
+        }
+        let s = layered.snapshot();
+        let faults = s.faults.unwrap();
+        assert!(s.retries.retries > 0);
+        assert_eq!(s.retries.gave_up, 0);
+        assert_eq!(s.retries.retries, faults.injected_errors);
+        // Metrics see every attempt, failures included.
+        assert_eq!(
+            s.requests.put.requests + s.requests.get.requests,
+            faults.calls
+        );
+        assert_eq!(s.requests.total_errors(), faults.injected_errors);
+        assert_eq!(
+            s.requests.put.bytes_written,
+            (0..100)
+                .map(|i| format!("body {i}").len() as u64)
+                .sum::<u64>()
+        );
+        assert_eq!(s.limit.requests, faults.calls);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"injected_errors\""), "{json}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exhausted_retries_surface_the_injected_error() {
+        let layered = layer(Arc::new(InMemory::new()), &config("error_rate=1"));
+        let error = layered.store.head(&Path::from("a")).await.unwrap_err();
+        assert!(error.to_string().contains("injected fault"), "{error}");
+        let s = layered.snapshot();
+        assert_eq!(s.requests.head.requests, 8);
+        assert_eq!(s.retries.gave_up, 1);
+    }
+
+    #[tokio::test]
+    async fn without_faults_there_is_no_fault_layer() {
+        let layered = layer(Arc::new(InMemory::new()), &LayerConfig::default());
+        assert!(layered.fault_stats.is_none());
+        let error = layered.store.head(&Path::from("a")).await.unwrap_err();
+        assert!(
+            matches!(error, object_store::Error::NotFound { .. }),
+            "{error}"
+        );
+        let s = layered.snapshot();
+        assert_eq!(s.faults, None);
+        assert_eq!((s.requests.head.requests, s.retries.retries), (1, 0));
+        let description = layered.store.to_string();
+        assert!(
+            description
+                .starts_with("RetryingObjectStore(InstrumentedObjectStore(LimitedObjectStore(64, "),
+            "{description}"
+        );
+    }
+}
