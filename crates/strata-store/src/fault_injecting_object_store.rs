@@ -296,7 +296,10 @@ impl<T: ObjectStore> FaultInjectingObjectStore<T> {
     /// Numbers a call and draws its latency and whether it fails.
     fn decide(&self, operation: &'static str, path: &Path) -> CallDecision {
         let call_number = self.stats.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        let jitter_ms = up_to_inclusive(self.entropy.as_ref(), self.config.latency_jitter_ms);
+        let jitter_ms = match self.config.latency_jitter_ms {
+            0 => 0,
+            max_ms => up_to_inclusive(self.entropy.as_ref(), max_ms),
+        };
         let latency_ms = self.config.added_latency_ms.saturating_add(jitter_ms);
         let is_nth = self.config.fail_nth == Some(call_number);
         let error = (is_nth || self.draw(self.config.error_rate)).then(|| {
@@ -520,13 +523,10 @@ mod tests {
     use futures::TryStreamExt;
     use object_store::memory::InMemory;
 
-    fn faulty(
-        config: &str,
-    ) -> (
-        FaultInjectingObjectStore<Arc<dyn ObjectStore>>,
-        Arc<dyn ObjectStore>,
-        Arc<RecordingSleeper>,
-    ) {
+    type Faulty = FaultInjectingObjectStore<Arc<dyn ObjectStore>>;
+
+    /// The faulty store, the memory store under it, and its sleeper.
+    fn faulty(config: &str) -> (Faulty, Arc<dyn ObjectStore>, Arc<RecordingSleeper>) {
         let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let sleeper = Arc::new(RecordingSleeper::default());
         let store = FaultInjectingObjectStore::with_env(

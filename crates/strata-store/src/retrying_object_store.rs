@@ -215,15 +215,14 @@ impl<T: ObjectStore> RetryingObjectStore<T> {
         loop {
             let error = match attempt().await {
                 Ok(value) => return Ok(value),
+                Err(error) if !is_transient(&error) => return Err(error),
                 Err(error) => error,
             };
             let delay_ms = self
                 .policy
                 .backoff_delay_ms(attempt_number, self.entropy.as_ref());
-            if !is_transient(&error) || self.must_stop(attempt_number, started, delay_ms) {
-                if is_transient(&error) {
-                    self.log_give_up(operation, path, attempt_number, &error);
-                }
+            if self.must_stop(attempt_number, started, delay_ms) {
+                self.log_give_up(operation, path, attempt_number, &error);
                 return Err(error);
             }
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
@@ -249,6 +248,9 @@ impl<T: ObjectStore> RetryingObjectStore<T> {
         elapsed_ms.saturating_add(next_delay_ms) > self.policy.deadline_ms
     }
 
+    /// Logs carry the object path and the error's text. object_store's
+    /// errors describe a request by method and URL; credentials travel in
+    /// signed headers, which they do not print.
     fn log_give_up(&self, operation: &'static str, path: &Path, attempts: u32, error: &Error) {
         self.stats.gave_up.fetch_add(1, Ordering::Relaxed);
         tracing::error!(
