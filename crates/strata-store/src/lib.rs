@@ -6,12 +6,26 @@
 //! talks to the store only through [`Store`], so wrappers (retries, metrics,
 //! fault injection) can be stacked on the inner `ObjectStore` later without
 //! the engine noticing.
+//!
+//! Those wrappers live here too, one module per decorator of an
+//! `ObjectStore`: retries of transient failures, request metrics, a bound on
+//! requests in flight, fault injection for tests, and [`layer`], which
+//! stacks them in the standard order. Time and randomness they use sit
+//! behind [`Sleeper`] and [`Entropy`] so tests can control them.
 
 mod counting_http_connector;
+mod env;
+mod fault_injecting_object_store;
+mod instrumented_object_store;
+mod layered_object_store;
+mod limited_object_store;
 mod local_reader;
 mod names;
+mod retrying_object_store;
 mod s3_config;
 mod store;
+#[cfg(test)]
+mod test_support;
 
 pub use counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
 pub use s3_config::{Credentials, S3Config};
@@ -19,3 +33,19 @@ pub use s3_config::{Credentials, S3Config};
 pub use names::{validate_volume_name, ObjectNames, MAX_VOLUME_NAME_BYTES};
 pub use object_store;
 pub use store::{Store, StoreError};
+
+pub use env::{unit_interval, up_to_inclusive, Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
+pub use fault_injecting_object_store::{
+    FaultConfig, FaultConfigError, FaultInjectingObjectStore, FaultStats, FaultStatsSnapshot,
+    FAULT_INJECTION_STORE, FAULT_KEYS,
+};
+pub use instrumented_object_store::{
+    InstrumentedObjectStore, OpMetricsSnapshot, StoreMetrics, StoreMetricsSnapshot, StoreOp,
+};
+pub use layered_object_store::{
+    layer, LayerConfig, Layered, LayeredSnapshot, DEFAULT_MAX_IN_FLIGHT_REQUESTS,
+};
+pub use limited_object_store::{LimitStats, LimitStatsSnapshot, LimitedObjectStore};
+pub use retrying_object_store::{
+    is_transient, RetryPolicy, RetryStats, RetryStatsSnapshot, RetryingObjectStore,
+};
