@@ -1,0 +1,105 @@
+//! Test harness for strata's S3 tests.
+//!
+//! This crate owns the real MinIO servers the test suite runs against on
+//! 127.0.0.1: finding the MinIO binary ([`minio_bin`]), starting a
+//! single-node server over http or https ([`MinioServer`]) or a 4-process
+//! erasure-coded cluster whose nodes can be killed and restarted
+//! ([`MinioCluster`]), creating buckets, and the environment a client process
+//! needs to reach them ([`MinioServer::client_env`]).
+//!
+//! Harness failures panic with a message meant for the person reading the
+//! test output (MinIO's log tail, the curl error, the install command): a
+//! test must fail loudly, never skip, when MinIO is missing or broken.
+//!
+//! Every MinIO process is killed when its guard drops, and also when the test
+//! process dies (`PR_SET_PDEATHSIG`), so a crashed test run leaves no servers
+//! behind. Dev-dependency only; the crate never ships.
+
+mod cluster;
+mod keeper;
+mod node;
+mod s3;
+mod server;
+
+use std::path::PathBuf;
+
+pub use cluster::{MinioCluster, CLUSTER_PORTS, LOCK_PATH};
+pub use server::MinioServer;
+
+/// The pinned MinIO version `scripts/install-minio` builds.
+pub const MINIO_VERSION: &str = "v0.0.0-20260212201848-7aac2a2c5b7c";
+
+/// Root user of every test server. Fixed: the servers only listen on
+/// 127.0.0.1 and live as long as a test.
+pub const ACCESS_KEY: &str = "strata-test";
+/// Root password of every test server (MinIO wants at least 8 characters).
+pub const SECRET_KEY: &str = "strata-test-secret";
+/// Region the servers report and clients sign for.
+pub const REGION: &str = "us-east-1";
+
+/// Path of the MinIO server binary: `$STRATA_MINIO_BIN` when set, else
+/// `${STRATA_TEST_CACHE:-$HOME/.cache/strata-test}/minio-<version>/minio`,
+/// where `scripts/install-minio` puts it.
+///
+/// # Panics
+/// When the binary does not exist, naming the script that installs it.
+pub fn minio_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("STRATA_MINIO_BIN") {
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            panic!(
+                "STRATA_MINIO_BIN={} does not exist; unset it to use the binary \
+                 scripts/install-minio installs",
+                bin.display()
+            );
+        }
+        return bin;
+    }
+    let bin = default_minio_bin();
+    if !bin.is_file() {
+        panic!(
+            "MinIO server binary not found at {}: run scripts/install-minio \
+             (or scripts/install-test-deps), or point STRATA_MINIO_BIN at a minio binary",
+            bin.display()
+        );
+    }
+    bin
+}
+
+/// Where `scripts/install-minio` installs the binary (it may not exist).
+fn default_minio_bin() -> PathBuf {
+    let cache = match std::env::var_os("STRATA_TEST_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let home =
+                std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+            home.join(".cache").join("strata-test")
+        }
+    };
+    cache.join(format!("minio-{MINIO_VERSION}")).join("minio")
+}
+
+/// A bucket name no earlier call in this process returned. Buckets are how
+/// tests sharing one server stay out of each other's way.
+fn unique_bucket_name() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("strata-test-{n}")
+}
+
+/// The client environment for an S3 endpoint: what `object_store`'s
+/// `AmazonS3Builder::from_env` and the AWS tools read.
+fn client_env(endpoint: &str, ca: Option<&std::path::Path>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("AWS_ACCESS_KEY_ID".to_owned(), ACCESS_KEY.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY".to_owned(), SECRET_KEY.to_owned()),
+        ("AWS_REGION".to_owned(), REGION.to_owned()),
+        ("AWS_ENDPOINT_URL".to_owned(), endpoint.to_owned()),
+        ("AWS_ALLOW_HTTP".to_owned(), "true".to_owned()),
+    ];
+    if let Some(ca) = ca {
+        env.push(("AWS_CA_BUNDLE".to_owned(), ca.display().to_string()));
+    }
+    env
+}

@@ -1,0 +1,381 @@
+//! A single-node MinIO server on 127.0.0.1, over http or https.
+//!
+//! This module owns [`MinioServer`]: a private server per caller, or one
+//! shared per test process ([`MinioServer::shared`]) that tests keep apart by
+//! bucket ([`MinioServer::fresh_bucket`]). In TLS mode it also owns the test
+//! certificate authority the client must trust.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use tempfile::TempDir;
+
+use crate::keeper::Spawn;
+use crate::node::{self, Node, NotHealthy, HEALTHY_TIMEOUT};
+use crate::{s3, ACCESS_KEY, REGION, SECRET_KEY};
+
+/// Start attempts: a retry only follows MinIO finding its freshly picked
+/// port taken by someone else in the meantime.
+const START_ATTEMPTS: usize = 3;
+
+/// A running single-node MinIO server; killed (SIGKILL) when dropped.
+pub struct MinioServer {
+    // Declared before `dir`: the process dies before its data is removed.
+    node: Node,
+    port: u16,
+    endpoint: String,
+    dir: TempDir,
+}
+
+/// The per-process shared server, see [`MinioServer::shared`].
+static SHARED: OnceLock<MinioServer> = OnceLock::new();
+
+impl MinioServer {
+    /// Starts a private server over plain http and waits until it is
+    /// healthy.
+    ///
+    /// # Panics
+    /// When MinIO is not installed, or does not become healthy within 60 s
+    /// (the message carries the tail of its log).
+    pub fn start() -> MinioServer {
+        start(false)
+    }
+
+    /// Starts a private server over https, with a certificate for 127.0.0.1
+    /// and `localhost` issued by a fresh test CA ([`MinioServer::ca_cert`]),
+    /// and waits until it is healthy.
+    ///
+    /// HTTP/2: this MinIO offers h2 in ALPN but lists http/1.1 first, and
+    /// Go's TLS picks by the server's order, so a client offering both gets
+    /// HTTP/1.1; only a client offering h2 alone gets HTTP/2. (Over plain
+    /// http there is no HTTP/2 at all: neither prior knowledge nor upgrade.)
+    ///
+    /// # Panics
+    /// As [`MinioServer::start`], and when `openssl` fails.
+    pub fn start_tls() -> MinioServer {
+        start(true)
+    }
+
+    /// The plain-http server shared by every test of this process, started
+    /// on first use. Tests isolate by bucket ([`MinioServer::fresh_bucket`]).
+    /// The server is killed and its data removed when the process exits.
+    ///
+    /// # Panics
+    /// As [`MinioServer::start`]; a later call tries to start it again.
+    pub fn shared() -> &'static MinioServer {
+        SHARED.get_or_init(|| {
+            let server = MinioServer::start();
+            // Statics are never dropped; without this the data directory
+            // would outlive every test run.
+            // SAFETY: registering a plain extern "C" fn with no captures.
+            if unsafe { libc::atexit(stop_shared) } != 0 {
+                eprintln!(
+                    "strata-testkit: atexit failed; {} will be left behind",
+                    server.dir.path().display()
+                );
+            }
+            server
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`, or `https://...` in TLS mode.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn access_key(&self) -> &'static str {
+        ACCESS_KEY
+    }
+
+    pub fn secret_key(&self) -> &'static str {
+        SECRET_KEY
+    }
+
+    pub fn region(&self) -> &'static str {
+        REGION
+    }
+
+    /// The CA certificate (PEM) that verifies the server's certificate, in
+    /// TLS mode.
+    pub fn ca_cert(&self) -> Option<&Path> {
+        self.node.ca()
+    }
+
+    /// MinIO's stdout and stderr.
+    pub fn log_path(&self) -> &Path {
+        self.node.log_path()
+    }
+
+    /// OS process id of the MinIO server.
+    pub fn pid(&self) -> Option<u32> {
+        self.node.pid()
+    }
+
+    /// Environment for a client process: `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
+    /// `AWS_ALLOW_HTTP=true`, and in TLS mode `AWS_CA_BUNDLE`.
+    pub fn client_env(&self) -> Vec<(String, String)> {
+        crate::client_env(&self.endpoint, self.ca_cert())
+    }
+
+    /// Creates bucket `name`.
+    ///
+    /// # Panics
+    /// When MinIO refuses (the message carries its error), e.g. because the
+    /// bucket exists.
+    pub fn create_bucket(&self, name: &str) {
+        s3::create_bucket(&self.endpoint, self.ca_cert(), name);
+    }
+
+    /// Creates a bucket with a name no other call in this process got, and
+    /// returns the name.
+    ///
+    /// # Panics
+    /// As [`MinioServer::create_bucket`].
+    pub fn fresh_bucket(&self) -> String {
+        let name = crate::unique_bucket_name();
+        self.create_bucket(&name);
+        name
+    }
+
+    /// Stores `data` at `bucket/key` (`key` must be URL-safe; `/` is fine).
+    ///
+    /// # Panics
+    /// When MinIO refuses, with its error.
+    pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
+        s3::put_object(&self.endpoint, self.ca_cert(), bucket, key, data);
+    }
+
+    /// The bytes at `bucket/key` (`key` must be URL-safe).
+    ///
+    /// # Panics
+    /// When MinIO refuses (e.g. no such key), with its error.
+    pub fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
+        s3::get_object(&self.endpoint, self.ca_cert(), bucket, key)
+    }
+}
+
+extern "C" fn stop_shared() {
+    // Nothing may unwind out of an exit handler.
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(server) = SHARED.get() {
+            server.node.kill_nonblocking();
+            let _ = std::fs::remove_dir_all(server.dir.path());
+        }
+    });
+}
+
+fn start(tls: bool) -> MinioServer {
+    let bin = crate::minio_bin();
+    let dir = match tempfile::Builder::new().prefix("strata-minio-").tempdir() {
+        Ok(dir) => dir,
+        Err(e) => panic!("creating a temporary directory for MinIO: {e}"),
+    };
+    let data = dir.path().join("data");
+    if let Err(e) = std::fs::create_dir(&data) {
+        panic!("creating {}: {e}", data.display());
+    }
+    let (scheme, ca, certs) = if tls {
+        let (ca, certs) = make_certs(dir.path());
+        ("https", Some(ca), Some(certs))
+    } else {
+        ("http", None, None)
+    };
+    let log = dir.path().join("minio.log");
+
+    for attempt in 1..=START_ATTEMPTS {
+        // A fresh log per attempt, so the port check below reads this one.
+        let _ = std::fs::remove_file(&log);
+        let (port, console_port) = match (node::free_port(), node::free_port()) {
+            (Ok(a), Ok(b)) if a != b => (a, b),
+            (Err(e), _) | (_, Err(e)) => panic!("finding a free port on 127.0.0.1: {e}"),
+            _ => continue,
+        };
+        let mut args: Vec<OsString> = vec![
+            "server".into(),
+            data.clone().into(),
+            "--address".into(),
+            format!("127.0.0.1:{port}").into(),
+            "--console-address".into(),
+            format!("127.0.0.1:{console_port}").into(),
+        ];
+        if let Some(certs) = &certs {
+            args.push("--certs-dir".into());
+            args.push(certs.clone().into());
+        }
+        let spawn = Spawn {
+            program: bin.clone(),
+            args,
+            envs: server_env(),
+            log: log.clone(),
+        };
+        let endpoint = format!("{scheme}://127.0.0.1:{port}");
+        let started = Instant::now();
+        let node = match Node::start(spawn, endpoint.clone(), ca.clone()) {
+            Ok(node) => node,
+            Err(e) => panic!("starting {}: {e}", bin.display()),
+        };
+        let healthy = node::wait_healthy(&[&node], HEALTHY_TIMEOUT);
+        match healthy {
+            Ok(()) => {
+                eprintln!(
+                    "strata-testkit: MinIO at {endpoint} healthy after {:.1?} (log {})",
+                    started.elapsed(),
+                    log.display()
+                );
+                return MinioServer {
+                    node,
+                    port,
+                    endpoint,
+                    dir,
+                };
+            }
+            // MinIO says "Specified port is already in use".
+            Err((_, NotHealthy::Exited(_)))
+                if attempt < START_ATTEMPTS && node.log_tail().contains("already in use") =>
+            {
+                continue;
+            }
+            Err((_, why)) => {
+                let tail = node.log_tail();
+                drop(node);
+                let kept = dir.keep();
+                panic!(
+                    "MinIO at {endpoint} {why} (its files are kept in {})\n{tail}",
+                    kept.display()
+                );
+            }
+        }
+    }
+    panic!(
+        "MinIO found its port taken {START_ATTEMPTS} times\n{}",
+        node::log_tail(&log)
+    );
+}
+
+/// Environment of every test MinIO server.
+pub(crate) fn server_env() -> Vec<(String, String)> {
+    vec![
+        ("MINIO_ROOT_USER".to_owned(), ACCESS_KEY.to_owned()),
+        ("MINIO_ROOT_PASSWORD".to_owned(), SECRET_KEY.to_owned()),
+        // Drives on the root filesystem are fine for tests.
+        ("MINIO_CI_CD".to_owned(), "1".to_owned()),
+    ]
+}
+
+/// OpenSSL config of the test PKI: a CA, and a server certificate it signs
+/// for 127.0.0.1 and localhost. Two certificates rather than one
+/// self-signed: webpki (rustls) refuses a certificate marked CA as the
+/// server's own, and OpenSSL marks self-signed ones CA by default.
+const OPENSSL_CONFIG: &str = "\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = strata test CA
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[leaf]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+";
+
+/// Generates the test CA (`<dir>/ca/ca.crt`) and the server's
+/// `<dir>/certs/public.crt` + `private.key` (where `--certs-dir` wants
+/// them). Returns (CA certificate, certs dir).
+fn make_certs(dir: &Path) -> (PathBuf, PathBuf) {
+    let ca_dir = dir.join("ca");
+    let certs = dir.join("certs");
+    for d in [&ca_dir, &certs] {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            panic!("creating {}: {e}", d.display());
+        }
+    }
+    let config = ca_dir.join("openssl.cnf");
+    if let Err(e) = std::fs::write(&config, OPENSSL_CONFIG) {
+        panic!("writing {}: {e}", config.display());
+    }
+    let ca_crt = ca_dir.join("ca.crt");
+    let ca_key = ca_dir.join("ca.key");
+    let csr = ca_dir.join("server.csr");
+    // P-256 keys: generated instantly, and every TLS stack involved takes
+    // them.
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        Command::new("openssl")
+            .args(["req", "-x509", "-extensions", "ca", "-days", "30"])
+            .args(ec)
+            .arg("-config")
+            .arg(&config)
+            .arg("-keyout")
+            .arg(&ca_key)
+            .arg("-out")
+            .arg(&ca_crt),
+    );
+    openssl(
+        Command::new("openssl")
+            .args(["req", "-new", "-subj", "/CN=127.0.0.1"])
+            .args(ec)
+            .arg("-config")
+            .arg(&config)
+            .arg("-keyout")
+            .arg(certs.join("private.key"))
+            .arg("-out")
+            .arg(&csr),
+    );
+    openssl(
+        Command::new("openssl")
+            .args([
+                "x509",
+                "-req",
+                "-days",
+                "30",
+                "-set_serial",
+                "2",
+                "-extensions",
+                "leaf",
+            ])
+            .arg("-extfile")
+            .arg(&config)
+            .arg("-in")
+            .arg(&csr)
+            .arg("-CA")
+            .arg(&ca_crt)
+            .arg("-CAkey")
+            .arg(&ca_key)
+            .arg("-out")
+            .arg(certs.join("public.crt")),
+    );
+    (ca_crt, certs)
+}
+
+fn openssl(cmd: &mut Command) {
+    match cmd.output() {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => panic!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!("cannot run openssl (scripts/install-minio installs it): {e}"),
+    }
+}
