@@ -28,11 +28,11 @@ mod store;
 mod test_support;
 
 pub use counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
-pub use s3_config::{Credentials, S3Config};
+pub use s3_config::{Credentials, HttpMode, S3Config};
 
 pub use names::{validate_volume_name, ObjectNames, MAX_VOLUME_NAME_BYTES};
 pub use object_store;
-pub use store::{Store, StoreError};
+pub use store::{Store, StoreError, StoreStats};
 
 pub use env::{unit_interval, up_to_inclusive, Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
 pub use fault_injecting_object_store::{

@@ -17,11 +17,18 @@
 //!   `AWS_PROFILE` or `default`); on AWS only, the instance's role. They
 //!   are never logged: [`S3Config`]'s `Debug` and description omit them.
 //! - TLS: `AWS_CA_BUNDLE` names a PEM file of extra trusted certificates.
+//! - HTTP version: `http=auto` (default), `http=1.1` or `http=2`.
 //!
-//! The client reuses connections, offers HTTP/2 through TLS ALPN (counted
-//! per response by `counting_http_connector.rs`, so it is verified, not
-//! assumed), and has connect and request timeouts. Retries are left to the
-//! retry layer (`retrying_object_store.rs`), one policy for every backend.
+//! The client reuses connections (a pool per host) and has connect and
+//! request timeouts. HTTP/2 is used when the server offers it: servers that
+//! offer both in TLS ALPN may still pick HTTP/1.1 by their own preference
+//! order (MinIO does), so `auto` first probes an `https://` endpoint with
+//! HTTP/2 alone and keeps it if a response came back over HTTP/2, else
+//! falls back to HTTP/1.1 (AWS S3 has no HTTP/2). Plain `http://` is
+//! HTTP/1.1: no S3 server tested speaks cleartext HTTP/2. Every response's
+//! version is counted (`counting_http_connector.rs`), so this is verified,
+//! not assumed. Retries are left to the retry layer
+//! (`retrying_object_store.rs`), one policy for every backend.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -61,6 +68,16 @@ pub struct S3Config {
     pub virtual_hosted: bool,
     pub credentials: Option<Credentials>,
     pub ca_bundle: Option<PathBuf>,
+    pub http: HttpMode,
+}
+
+/// Which HTTP version the client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpMode {
+    /// HTTP/2 if an `https://` server answers it, else HTTP/1.1.
+    Auto,
+    Http1,
+    Http2,
 }
 
 impl fmt::Debug for S3Config {
@@ -82,11 +99,13 @@ impl S3Config {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "us-east-1".to_string());
         let mut addressing: Option<bool> = None;
+        let mut http = HttpMode::Auto;
         for (key, value) in url.query_pairs() {
             match key.as_ref() {
                 "endpoint" => endpoint = Some(value.into_owned()),
                 "region" => region = value.into_owned(),
                 "addressing" => addressing = Some(parse_addressing(&value)?),
+                "http" => http = parse_http(&value)?,
                 k if is_secret_key(k) => {
                     return Err(format!(
                         "credentials are not accepted in the store URL ({k}=...): process arguments are visible to every user of this machine; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment or write them to ~/.aws/credentials"
@@ -94,7 +113,7 @@ impl S3Config {
                 }
                 k => {
                     return Err(format!(
-                        "unknown parameter {k:?} in the store URL; known: endpoint, region, addressing"
+                        "unknown parameter {k:?} in the store URL; known: endpoint, region, addressing, http"
                     ))
                 }
             }
@@ -113,7 +132,10 @@ impl S3Config {
             endpoint,
             region,
             credentials,
-            ca_bundle: env("AWS_CA_BUNDLE").filter(|s| !s.is_empty()).map(PathBuf::from),
+            ca_bundle: env("AWS_CA_BUNDLE")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+            http,
         })
     }
 
@@ -131,11 +153,51 @@ impl S3Config {
         s
     }
 
+    fn is_https(&self) -> bool {
+        self.endpoint
+            .as_deref()
+            .is_none_or(|e| e.starts_with("https://"))
+    }
+
     /// Builds the S3 client (the bucket root; the prefix is applied by the
-    /// caller).
-    pub fn build(&self, counts: Arc<HttpVersionCounts>) -> Result<Arc<dyn ObjectStore>, String> {
-        let mut options = ClientOptions::new()
-            .with_allow_http2()
+    /// caller), choosing the HTTP version as the module doc says. Returns
+    /// the client and whether it speaks HTTP/2.
+    pub async fn connect(
+        &self,
+        counts: Arc<HttpVersionCounts>,
+    ) -> Result<(Arc<dyn ObjectStore>, bool), String> {
+        let try_h2 = match self.http {
+            HttpMode::Http1 => false,
+            HttpMode::Http2 => return Ok((self.build(counts, true)?, true)),
+            HttpMode::Auto => self.is_https(),
+        };
+        if try_h2 {
+            let probe_counts = Arc::new(HttpVersionCounts::default());
+            let probe = self.build(probe_counts.clone(), true)?;
+            let path = object_store::path::Path::from("strata-http2-probe");
+            let outcome = probe.head(&path).await;
+            if probe_counts.snapshot().http2_responses > 0 {
+                tracing::info!(store = %self.describe(), "the S3 endpoint speaks HTTP/2; using it");
+                return Ok((self.build(counts, true)?, true));
+            }
+            let why = outcome.err().map(|e| e.to_string()).unwrap_or_default();
+            tracing::info!(store = %self.describe(), reason = %why, "the S3 endpoint did not answer HTTP/2; using HTTP/1.1");
+        }
+        Ok((self.build(counts, false)?, false))
+    }
+
+    fn build(
+        &self,
+        counts: Arc<HttpVersionCounts>,
+        http2_only: bool,
+    ) -> Result<Arc<dyn ObjectStore>, String> {
+        let mut options = ClientOptions::new();
+        options = if http2_only {
+            options.with_http2_only()
+        } else {
+            options.with_http1_only()
+        };
+        let mut options = options
             .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
             .with_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS))
             .with_pool_idle_timeout(Duration::from_secs(60));
@@ -182,6 +244,15 @@ fn is_secret_key(key: &str) -> bool {
     ["key", "secret", "token", "password", "credential"]
         .iter()
         .any(|s| k.contains(s))
+}
+
+fn parse_http(value: &str) -> Result<HttpMode, String> {
+    match value {
+        "auto" => Ok(HttpMode::Auto),
+        "1.1" | "1" => Ok(HttpMode::Http1),
+        "2" => Ok(HttpMode::Http2),
+        v => Err(format!("http must be auto, 1.1 or 2 (got {v:?})")),
+    }
 }
 
 fn parse_addressing(value: &str) -> Result<bool, String> {
@@ -234,9 +305,7 @@ fn find_credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Crede
             }))
         }
         (Some(_), None) | (None, Some(_)) => {
-            return Err(
-                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together".into(),
-            )
+            return Err("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together".into())
         }
         (None, None) => {}
     }
@@ -254,7 +323,12 @@ fn find_credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Crede
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
             return Ok(None)
         }
-        Err(e) => return Err(format!("cannot read credentials file {}: {e}", path.display())),
+        Err(e) => {
+            return Err(format!(
+                "cannot read credentials file {}: {e}",
+                path.display()
+            ))
+        }
     };
     let text = String::from_utf8(text)
         .map_err(|_| format!("credentials file {} is not UTF-8", path.display()))?;
@@ -383,6 +457,7 @@ mod tests {
             ("s3://vols?colour=blue", "unknown parameter"),
             ("s3://Vols_1", "not valid"),
             ("s3://vols?addressing=sideways", "addressing"),
+            ("s3://vols?http=3", "http must be"),
             ("s3://vols?endpoint=ftp://h", "must be http"),
         ] {
             let err = S3Config::parse(spec, &env).unwrap_err();

@@ -15,9 +15,11 @@ use object_store::path::Path;
 use object_store::{PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 
 use crate::counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
+use crate::layered_object_store::{layer, LayerConfig, Layered, LayeredSnapshot};
 use crate::local_reader::LocalReader;
 use crate::s3_config::S3Config;
 use object_store::prefix::PrefixStore;
+use serde::Serialize;
 
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
@@ -40,6 +42,15 @@ pub struct Store {
     local_reader: Option<Arc<LocalReader>>,
     /// Responses by HTTP version (S3 stores).
     http_versions: Option<Arc<HttpVersionCounts>>,
+    /// The layers' counters.
+    layered: Arc<Layered>,
+}
+
+/// What a store's layers counted.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StoreStats {
+    pub layers: LayeredSnapshot,
+    pub http: Option<HttpVersionSnapshot>,
 }
 
 impl fmt::Debug for Store {
@@ -49,24 +60,25 @@ impl fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens the store that `spec` names (see the module doc).
-    pub fn open(spec: &str) -> Result<Store, StoreError> {
+    /// Opens the store that `spec` names (see the module doc), wrapped in
+    /// the layers of `layers` (retries, metrics, a request limit, faults).
+    pub async fn open(spec: &str, layers: &LayerConfig) -> Result<Store, StoreError> {
         let unusable = |reason: String| StoreError::Unusable {
             spec: spec.to_string(),
             reason,
         };
         if spec == "memory://" || spec == "memory:" {
-            return Ok(Store::in_memory());
+            return Ok(Store::in_memory_with(layers));
         }
         if let Some(rest) = spec.strip_prefix("file://") {
             if !rest.starts_with('/') {
                 return Err(unusable("a file:// URL needs an absolute path".into()));
             }
-            return Store::local(FsPath::new(rest)).map_err(unusable);
+            return Store::local_with(FsPath::new(rest), layers).map_err(unusable);
         }
         if spec.starts_with("s3://") {
             let env = |k: &str| std::env::var(k).ok();
-            return Store::s3(spec, &env).map_err(unusable);
+            return Store::s3(spec, &env, layers).await.map_err(unusable);
         }
         if let Some((scheme, _)) = spec.split_once("://") {
             return Err(unusable(format!(
@@ -74,32 +86,47 @@ impl Store {
                  file:///path, s3://bucket/prefix or memory://"
             )));
         }
-        Store::local(FsPath::new(spec)).map_err(unusable)
+        Store::local_with(FsPath::new(spec), layers).map_err(unusable)
     }
 
-    /// An in-memory store (tests).
+    /// An in-memory store (tests), with the default layers.
     pub fn in_memory() -> Store {
-        Store::from_object_store(Arc::new(InMemory::new()), "memory://".to_string())
+        Store::in_memory_with(&LayerConfig::default())
+    }
+
+    pub fn in_memory_with(layers: &LayerConfig) -> Store {
+        Store::from_object_store(Arc::new(InMemory::new()), "memory://".to_string(), layers)
     }
 
     /// An S3-compatible store; `env` supplies the environment (see
-    /// `s3_config.rs` for what is read).
-    pub fn s3(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Store, String> {
+    /// `s3_config.rs` for what is read). Probes the HTTP version.
+    pub async fn s3(
+        spec: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        layers: &LayerConfig,
+    ) -> Result<Store, String> {
         let config = S3Config::parse(spec, env)?;
         let counts = Arc::new(HttpVersionCounts::default());
-        let bucket_root = config.build(counts.clone())?;
+        let (bucket_root, _http2) = config.connect(counts.clone()).await?;
         let inner: Arc<dyn ObjectStore> = if config.prefix.is_empty() {
             bucket_root
         } else {
             Arc::new(PrefixStore::new(bucket_root, config.prefix.as_str()))
         };
-        let mut store = Store::from_object_store(inner, config.describe());
+        let mut store = Store::from_object_store(inner, config.describe(), layers);
         store.http_versions = Some(counts);
         Ok(store)
     }
 
-    /// The embedded store: a local directory, created if missing.
+    /// The embedded store: a local directory, created if missing, with the
+    /// default layers.
     pub fn local(dir: &FsPath) -> Result<Store, String> {
+        Store::local_with(dir, &LayerConfig::default())
+    }
+
+    /// The embedded store with `layers`. Its reads bypass them (see
+    /// `local_reader.rs`): faults are injected into writes only.
+    pub fn local_with(dir: &FsPath, layers: &LayerConfig) -> Result<Store, String> {
         let dir = absolute(dir)?;
         if dir.exists() && !dir.is_dir() {
             return Err(format!("{} exists and is not a directory", dir.display()));
@@ -108,21 +135,33 @@ impl Store {
             .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
         let fs = LocalFileSystem::new_with_prefix(&dir)
             .map_err(|e| format!("cannot open directory {}: {e}", dir.display()))?;
-        Ok(Store {
-            inner: Arc::new(fs),
-            description: format!("file://{}", dir.display()),
-            local_reader: Some(Arc::new(LocalReader::new(dir))),
-            http_versions: None,
-        })
+        let mut store =
+            Store::from_object_store(Arc::new(fs), format!("file://{}", dir.display()), layers);
+        store.local_reader = Some(Arc::new(LocalReader::new(dir)));
+        Ok(store)
     }
 
-    /// Wraps an existing object store (wrappers, other backends).
-    pub fn from_object_store(inner: Arc<dyn ObjectStore>, description: String) -> Store {
+    /// Wraps an object store in `layers` (any backend).
+    pub fn from_object_store(
+        inner: Arc<dyn ObjectStore>,
+        description: String,
+        layers: &LayerConfig,
+    ) -> Store {
+        let layered = layer(inner, layers);
         Store {
-            inner,
+            inner: layered.store.clone(),
             description,
             local_reader: None,
             http_versions: None,
+            layered: Arc::new(layered),
+        }
+    }
+
+    /// Counters of every layer, and responses by HTTP version.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            layers: self.layered.snapshot(),
+            http: self.http_versions(),
         }
     }
 
@@ -196,10 +235,13 @@ impl Store {
             };
             return self.put_opts(location, payload, opts).await.map(Into::into);
         };
-        let _lock = reader.cas_lock().await.map_err(|e| object_store::Error::Generic {
-            store: "LocalFileSystem",
-            source: Box::new(e),
-        })?;
+        let _lock = reader
+            .cas_lock()
+            .await
+            .map_err(|e| object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(e),
+            })?;
         let current = match self.inner.head(location).await {
             Ok(meta) => meta.e_tag,
             Err(object_store::Error::NotFound { .. }) => None,
@@ -278,21 +320,28 @@ fn absolute(dir: &FsPath) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn opens_paths_and_rejects_what_it_cannot_use() {
+    #[tokio::test]
+    async fn opens_paths_and_rejects_what_it_cannot_use() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("store");
-        let s = Store::open(dir.to_str().unwrap()).unwrap();
+        let l = LayerConfig::default();
+        let s = Store::open(dir.to_str().unwrap(), &l).await.unwrap();
         assert!(dir.is_dir());
         assert!(s.description().starts_with("file:///"));
         let url = format!("file://{}", dir.display());
-        assert!(Store::open(&url).is_ok());
+        assert!(Store::open(&url, &l).await.is_ok());
         let file = tmp.path().join("f");
         std::fs::write(&file, b"x").unwrap();
-        let err = Store::open(file.to_str().unwrap()).unwrap_err().to_string();
+        let err = Store::open(file.to_str().unwrap(), &l)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not a directory"), "{err}");
-        let err = Store::open("gopher://x/y").unwrap_err().to_string();
+        let err = Store::open("gopher://x/y", &l)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not supported"), "{err}");
-        assert!(Store::open("memory://").is_ok());
+        assert!(Store::open("memory://", &l).await.is_ok());
     }
 }

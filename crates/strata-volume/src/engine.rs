@@ -223,6 +223,12 @@ impl Engine {
                 )
             })
             .await?;
+        if let Some(detail) = vol.fenced_detail() {
+            return Err(VolumeError::Failed {
+                name: name.to_string(),
+                detail,
+            });
+        }
         Ok(vol.clone())
     }
 

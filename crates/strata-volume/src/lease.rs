@@ -462,7 +462,9 @@ mod tests {
         let mut c = b.to_vec();
         c[25] ^= 1;
         assert!(Lease::decode(&c).is_err());
-        let err = check_free(Some(&l), "other:/x", "v").unwrap_err().to_string();
+        let err = check_free(Some(&l), "other:/x", "v")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("h:/d") && err.contains("pid 7"), "{err}");
         assert!(
             check_free(Some(&l), "h:/d", "v").is_ok(),
@@ -515,7 +517,10 @@ mod tests {
             Err(RenewError::Fenced(d)) => assert!(d.contains("by B"), "{d}"),
             other => panic!("A was not fenced: {other:?}"),
         }
-        assert_eq!(read_lease(&store, &names).await.unwrap().unwrap().0, b.lease);
+        assert_eq!(
+            read_lease(&store, &names).await.unwrap().unwrap().0,
+            b.lease
+        );
     }
 
     #[tokio::test]

@@ -187,8 +187,7 @@ impl Volume {
     ) -> Result<Arc<Volume>, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
         let started = std::time::Instant::now();
-        let (ownership, manifest, manifest_version) =
-            take_ownership(&store, &config, name).await?;
+        let (ownership, manifest, manifest_version) = take_ownership(&store, &config, name).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
         let rec = recover_from_store(&store, &names, &manifest, uuid).await?;

@@ -98,7 +98,11 @@ impl Volume {
                     .store
                     .get_range(path, 0..(h.len() + d.len()) as u64)
                     .await
-                    .is_ok_and(|got| got.len() == h.len() + d.len() && got[..h.len()] == h[..] && got[h.len()..] == d[..]);
+                    .is_ok_and(|got| {
+                        got.len() == h.len() + d.len()
+                            && got[..h.len()] == h[..]
+                            && got[h.len()..] == d[..]
+                    });
                 if same {
                     return Ok(());
                 }
@@ -201,7 +205,9 @@ impl Volume {
                             self.fence(detail.clone());
                             return Err(detail);
                         }
-                        Err(e) => tracing::warn!(volume = %self.name, error = %e, "cannot re-read the manifest; retrying"),
+                        Err(e) => {
+                            tracing::warn!(volume = %self.name, error = %e, "cannot re-read the manifest; retrying")
+                        }
                     }
                 }
                 Err(e) => {
@@ -257,7 +263,10 @@ impl Volume {
             .await;
         let path = self.names.checkpoint(seq);
         let payload = || PutPayload::from(ckpt.clone());
-        if let Err(e) = self.put_with_retry(&path, &payload, PutMode::Overwrite).await {
+        if let Err(e) = self
+            .put_with_retry(&path, &payload, PutMode::Overwrite)
+            .await
+        {
             tracing::error!(volume = %self.name, seq, error = %e, "checkpoint not stored");
             return;
         }

@@ -233,9 +233,9 @@ impl Volume {
         self.progress.notify_waiters();
     }
 
-    /// Whether the volume was fenced (taken over by another server).
-    pub fn is_fenced(&self) -> bool {
-        self.ownership.fenced().is_some()
+    /// Why the volume was fenced (taken over by another server), if it was.
+    pub fn fenced_detail(&self) -> Option<String> {
+        self.ownership.fenced()
     }
 
     fn check_failed(&self) -> Result<(), VolumeError> {

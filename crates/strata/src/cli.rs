@@ -12,10 +12,30 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "strata", version, propagate_version = true)]
 pub struct Cli {
-    /// Where volumes are stored: a directory path, file:///path, or
-    /// memory:// (gone at exit). Default: <data-dir>/store.
+    /// Where volumes are stored: a directory path, file:///path,
+    /// s3://BUCKET[/PREFIX][?endpoint=URL&region=R&addressing=path|virtual&http=auto|1.1|2]
+    /// (any S3-compatible service), or memory:// (gone at exit).
+    /// Default: <data-dir>/store. S3 credentials come from
+    /// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials
+    /// (AWS_PROFILE), never from arguments; AWS_ENDPOINT_URL, AWS_REGION and
+    /// AWS_CA_BUNDLE are read too.
     #[arg(long, global = true, env = "STRATA_STORE", value_name = "PATH_OR_URL")]
     pub store: Option<String>,
+
+    /// Store requests in flight at once (all volumes).
+    #[arg(long, global = true, default_value_t = 64, value_name = "N")]
+    pub max_store_requests: usize,
+
+    /// Attempts per store request before an error is returned (transient
+    /// errors only: 5xx, throttling, timeouts, dropped connections), with
+    /// exponential backoff and jitter.
+    #[arg(long, global = true, default_value_t = 8, value_name = "N")]
+    pub store_attempts: u32,
+
+    /// Testing only: inject store faults, e.g.
+    /// error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=1
+    #[arg(long, global = true, env = "STRATA_FAULTS", value_name = "SPEC")]
+    pub inject_faults: Option<String>,
 
     /// Local state: journals (and caches). Default:
     /// $XDG_DATA_HOME/strata or ~/.local/share/strata.
@@ -32,7 +52,7 @@ pub enum Command {
     #[command(subcommand)]
     Volume(VolumeCommand),
     /// Serve every volume of the store over NBD (export name = volume name).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -75,6 +95,35 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME=SIZE")]
     pub create: Vec<String>,
 
+    /// Serve only this volume (repeatable). Each is opened at start, and
+    /// the server exits with the reason if one cannot be (e.g. another
+    /// server holds it). Default: every volume of the store, each opened
+    /// in the background; on a store shared by several hosts, name the
+    /// volumes this host serves.
+    #[arg(long = "volume", value_name = "NAME")]
+    pub volumes: Vec<String>,
+
+    /// When FLUSH and FUA writes complete: `local` = in the journal on
+    /// local disk (survives a crash or power loss of this host); `remote`
+    /// = in the object store (survives loss of this host; each FLUSH
+    /// uploads a segment, so FLUSH takes a store round trip).
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Local)]
+    pub durability: DurabilityArg,
+
+    /// A volume's lease expires this long after its server stops renewing
+    /// it; another server may then take the volume over.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub lease_ttl_ms: u64,
+
+    /// Write counters (store requests, caches, volumes) as JSON to this
+    /// file every --stats-interval-ms and at exit.
+    #[arg(long, value_name = "PATH")]
+    pub stats_file: Option<PathBuf>,
+
+    /// How often counters are written to --stats-file and logged.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub stats_interval_ms: u64,
+
     #[command(flatten)]
     pub budgets: Budgets,
 
@@ -95,6 +144,12 @@ pub struct ServeArgs {
     /// Connections served at once; more are closed at once (and logged).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_connections: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DurabilityArg {
+    Local,
+    Remote,
 }
 
 /// Memory and disk budgets of the engine. Sizes stay strings until the

@@ -10,10 +10,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use strata_store::Store;
-use strata_volume::{Engine, VolumeConfig};
+use strata_store::{FaultConfig, LayerConfig, RetryPolicy, Store};
+use strata_volume::{Durability, Engine, VolumeConfig};
 
-use crate::cli::{Budgets, Cli, Command, VolumeCommand};
+use crate::cli::{Cli, Command, DurabilityArg, ServeArgs, VolumeCommand};
 use crate::size::{format_size, parse_size};
 
 fn main() -> ExitCode {
@@ -58,8 +58,32 @@ fn default_data_dir() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(home).join(".local/share/strata"))
 }
 
+/// The store layers the command line asks for.
+fn layer_config(cli: &Cli) -> anyhow::Result<LayerConfig> {
+    if cli.max_store_requests == 0 || cli.store_attempts == 0 {
+        bail!("--max-store-requests and --store-attempts must be at least 1");
+    }
+    let faults = match &cli.inject_faults {
+        Some(spec) if !spec.is_empty() => {
+            let f = FaultConfig::parse(spec)
+                .map_err(|e| anyhow::anyhow!("--inject-faults / STRATA_FAULTS: {e}"))?;
+            tracing::warn!(faults = %f, "injecting store faults (testing only)");
+            Some(f)
+        }
+        _ => None,
+    };
+    Ok(LayerConfig {
+        retry: RetryPolicy {
+            max_attempts: cli.store_attempts,
+            ..RetryPolicy::default()
+        },
+        max_in_flight_requests: cli.max_store_requests,
+        faults,
+    })
+}
+
 /// Resolves data dir and store, and builds the engine.
-fn engine(cli: &Cli, budgets: Option<&Budgets>) -> anyhow::Result<Engine> {
+async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> {
     let data_dir = match &cli.data_dir {
         Some(d) => d.clone(),
         None => default_data_dir()?,
@@ -68,9 +92,17 @@ fn engine(cli: &Cli, budgets: Option<&Budgets>) -> anyhow::Result<Engine> {
         Some(s) => s.clone(),
         None => data_dir.join("store").to_string_lossy().into_owned(),
     };
-    let store = Store::open(&store_spec).context("cannot open the store")?;
+    let store = Store::open(&store_spec, &layer_config(cli)?)
+        .await
+        .context("cannot open the store")?;
     let mut config = VolumeConfig::new(data_dir);
-    if let Some(b) = budgets {
+    if let Some(args) = serve {
+        config.durability = match args.durability {
+            DurabilityArg::Local => Durability::Local,
+            DurabilityArg::Remote => Durability::Remote,
+        };
+        config.lease_ttl_ms = args.lease_ttl_ms;
+        let b = &args.budgets;
         config.segment_bytes = size_option("--segment-size", &b.segment_size)?;
         config.segment_max_age_ms = b.segment_age_ms;
         config.write_buffer_bytes = size_option("--write-buffer", &b.write_buffer)?;
@@ -88,8 +120,8 @@ pub(crate) fn size_option(option: &str, value: &str) -> anyhow::Result<u64> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
-        Command::Volume(cmd) => volume_command(&engine(&cli, None)?, cmd).await,
-        Command::Serve(args) => serve::serve(engine(&cli, Some(&args.budgets))?, args).await,
+        Command::Volume(cmd) => volume_command(&engine(&cli, None).await?, cmd).await,
+        Command::Serve(args) => serve::serve(engine(&cli, Some(args)).await?, args).await,
     }
 }
 

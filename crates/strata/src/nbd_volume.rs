@@ -2,6 +2,7 @@
 //! knows both. The engine knows nothing of NBD, the server nothing of
 //! volumes.
 
+use std::collections::HashSet;
 use std::io;
 use std::sync::Arc;
 
@@ -94,10 +95,18 @@ impl BlockDevice for NbdVolume {
     }
 }
 
-/// Every volume of the engine's store, exported under its name.
+/// The volumes of the engine's store, exported under their names: every
+/// one, or only those in `only`.
 pub struct VolumeExports {
     pub engine: Arc<Engine>,
     pub max_request_bytes: u32,
+    pub only: Option<HashSet<String>>,
+}
+
+impl VolumeExports {
+    fn serves(&self, name: &str) -> bool {
+        self.only.as_ref().is_none_or(|o| o.contains(name))
+    }
 }
 
 impl ExportProvider for VolumeExports {
@@ -107,6 +116,7 @@ impl ExportProvider for VolumeExports {
         let volumes = self.engine.list_volumes().await.map_err(io::Error::from)?;
         Ok(volumes
             .into_iter()
+            .filter(|v| self.serves(&v.name))
             .map(|v| ExportInfo {
                 description: format!("strata volume, {}", format_size(v.size_bytes)),
                 name: v.name,
@@ -115,6 +125,12 @@ impl ExportProvider for VolumeExports {
     }
 
     async fn open(&self, name: &str) -> io::Result<Arc<NbdVolume>> {
+        if !self.serves(name) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("this server does not serve volume {name:?} (see its --volume options)"),
+            ));
+        }
         let volume = self.engine.open_volume(name).await.map_err(|e| match e {
             VolumeError::Invalid(_) => io::Error::new(io::ErrorKind::NotFound, e.to_string()),
             e => io::Error::from(e),

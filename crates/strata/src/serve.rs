@@ -1,5 +1,6 @@
 //! `strata serve`: the NBD server over the engine's volumes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -26,16 +27,22 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
         reply_stall_timeout_ms: args.reply_stall_timeout_ms,
         ..ServerConfig::default()
     };
+    let only = open_named(&engine, &args.volumes).await?;
     let exports = Arc::new(VolumeExports {
         engine: engine.clone(),
         max_request_bytes: config.max_request_bytes,
+        only: only.clone(),
     });
     let server = Server::bind(exports, &addrs, config)
         .await
         .context("cannot listen")?;
-    let volumes = engine.list_volumes().await?;
+    let mut volumes = engine.list_volumes().await?;
+    if let Some(only) = &only {
+        volumes.retain(|v| only.contains(&v.name));
+    } else {
+        open_all_in_background(&engine, volumes.clone());
+    }
     print_uris(&volumes, &server.local_addrs())?;
-    open_all_in_background(&engine, volumes);
     let result = server.run(shutdown_signal()).await;
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
@@ -44,6 +51,25 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
         "clean shutdown failed (the journal still holds the data; the next start recovers it)",
     )?;
     Ok(())
+}
+
+/// Opens the volumes named by `--volume` before serving: a volume that
+/// cannot be opened (another server holds it, it does not exist) stops the
+/// server with the reason. `None` when no volume was named.
+async fn open_named(
+    engine: &Arc<Engine>,
+    names: &[String],
+) -> anyhow::Result<Option<HashSet<String>>> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    for name in names {
+        engine
+            .open_volume(name)
+            .await
+            .with_context(|| format!("cannot serve volume {name:?}"))?;
+    }
+    Ok(Some(names.iter().cloned().collect()))
 }
 
 /// Opens (recovers) every volume now rather than at its first client, so
