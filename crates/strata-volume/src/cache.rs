@@ -26,7 +26,7 @@ struct Inner<K, V> {
 }
 
 /// Counters of one cache tier.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
     pub hits: u64,
     pub misses: u64,

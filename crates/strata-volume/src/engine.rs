@@ -35,6 +35,15 @@ pub struct VolumeInfo {
     pub stored_bytes: u64,
 }
 
+/// What `Engine::stats` reports (the `--stats-file` JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineStats {
+    pub store: strata_store::StoreStats,
+    pub chunk_cache: crate::cache::CacheStats,
+    pub index_cache: crate::cache::CacheStats,
+    pub volumes: std::collections::BTreeMap<String, crate::volume::VolumeStats>,
+}
+
 pub struct Engine {
     store: Store,
     config: Arc<VolumeConfig>,
@@ -230,6 +239,22 @@ impl Engine {
             });
         }
         Ok(vol.clone())
+    }
+
+    /// Counters of the store, the shared caches and every open volume.
+    pub fn stats(&self) -> EngineStats {
+        let volumes = self
+            .open
+            .lock()
+            .iter()
+            .filter_map(|(name, cell)| cell.get().map(|v| (name.clone(), v.stats())))
+            .collect();
+        EngineStats {
+            store: self.store.stats(),
+            chunk_cache: self.caches.chunk_stats(),
+            index_cache: self.caches.index_stats(),
+            volumes,
+        }
     }
 
     /// Closes every open volume cleanly.

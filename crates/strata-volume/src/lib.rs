@@ -30,7 +30,7 @@ mod volume;
 
 pub use cache::CacheStats;
 pub use config::{Durability, VolumeConfig};
-pub use engine::{Engine, VolumeInfo, MAX_VOLUME_BYTES};
+pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::VolumeError;
 pub use manifest::Manifest;
 pub use read_path::SharedCaches;

@@ -72,7 +72,7 @@ impl State {
 }
 
 /// Counters a volume exports.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct VolumeStats {
     pub extents: u64,
     pub mapped_data_bytes: u64,

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use nbd_server::{
@@ -17,6 +18,44 @@ use crate::size::format_size;
 pub struct NbdVolume {
     volume: Arc<Volume>,
     max_request_bytes: u32,
+    errors: ErrorLog,
+}
+
+/// Logs errors returned to clients: the client sees only EIO, the log says
+/// what failed. At most one line per second per volume, with a count of the
+/// lines suppressed, so a failing store cannot flood the log.
+#[derive(Default)]
+struct ErrorLog {
+    last_unix_ms: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl NbdVolume {
+    fn fail(
+        &self,
+        op: &'static str,
+        offset_bytes: u64,
+        length_bytes: u64,
+        e: VolumeError,
+    ) -> io::Error {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let last_ms = self.errors.last_unix_ms.load(Ordering::Relaxed);
+        let due = now_ms.saturating_sub(last_ms) >= 1000
+            && self
+                .errors
+                .last_unix_ms
+                .compare_exchange(last_ms, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+        if due {
+            let suppressed = self.errors.suppressed.swap(0, Ordering::Relaxed);
+            tracing::error!(volume = %self.volume.name(), op, offset_bytes, length_bytes, suppressed, error = %e, "request failed; the client gets an I/O error");
+        } else {
+            self.errors.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+        io::Error::from(e)
+    }
 }
 
 impl BlockDevice for NbdVolume {
@@ -33,28 +72,32 @@ impl BlockDevice for NbdVolume {
     }
 
     async fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len() as u64;
         self.volume
             .read(offset_bytes, buf)
             .await
-            .map_err(io::Error::from)
+            .map_err(|e| self.fail("read", offset_bytes, len, e))
     }
 
     async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
         self.volume
             .write(offset_bytes, data, fua)
             .await
-            .map_err(io::Error::from)
+            .map_err(|e| self.fail("write", offset_bytes, data.len() as u64, e))
     }
 
     async fn flush(&self) -> io::Result<()> {
-        self.volume.flush().await.map_err(io::Error::from)
+        self.volume
+            .flush()
+            .await
+            .map_err(|e| self.fail("flush", 0, 0, e))
     }
 
     async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> io::Result<()> {
         self.volume
             .trim(offset_bytes, length_bytes, fua)
             .await
-            .map_err(io::Error::from)
+            .map_err(|e| self.fail("trim", offset_bytes, length_bytes, e))
     }
 
     async fn write_zeroes(
@@ -68,7 +111,7 @@ impl BlockDevice for NbdVolume {
         self.volume
             .write_zeroes(offset_bytes, length_bytes, flags.no_hole, flags.fua)
             .await
-            .map_err(io::Error::from)
+            .map_err(|e| self.fail("write_zeroes", offset_bytes, length_bytes, e))
     }
 
     async fn block_status(
@@ -138,6 +181,7 @@ impl ExportProvider for VolumeExports {
         Ok(Arc::new(NbdVolume {
             volume,
             max_request_bytes: self.max_request_bytes,
+            errors: ErrorLog::default(),
         }))
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use nbd_server::{ListenAddr, Server, ServerConfig};
-use strata_volume::{Engine, VolumeError, VolumeInfo};
+use strata_volume::{Engine, EngineStats, VolumeError, VolumeInfo};
 
 use crate::cli::ServeArgs;
 use crate::nbd_volume::VolumeExports;
@@ -43,13 +43,78 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
         open_all_in_background(&engine, volumes.clone());
     }
     print_uris(&volumes, &server.local_addrs())?;
+    let stats_task = start_stats(&engine, args);
     let result = server.run(shutdown_signal()).await;
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
+    stats_task.abort();
+    let last = engine.stats();
+    tracing::info!(stats = %summary(&last), "final counters");
+    if let Some(path) = &args.stats_file {
+        if let Err(e) = write_stats(path, &last) {
+            tracing::warn!(file = %path.display(), error = %e, "cannot write the stats file");
+        }
+    }
     result.context("server failed")?;
     closed.context(
         "clean shutdown failed (the journal still holds the data; the next start recovers it)",
     )?;
+    Ok(())
+}
+
+/// Writes the counters to `--stats-file` every interval and logs a summary
+/// at debug level (`RUST_LOG=strata=debug`).
+fn start_stats(engine: &Arc<Engine>, args: &ServeArgs) -> tokio::task::JoinHandle<()> {
+    let engine = engine.clone();
+    let path = args.stats_file.clone();
+    let period = std::time::Duration::from_millis(args.stats_interval_ms.max(100));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            let stats = engine.stats();
+            tracing::debug!(stats = %summary(&stats), "counters");
+            if let Some(path) = &path {
+                if let Err(e) = write_stats(path, &stats) {
+                    tracing::warn!(file = %path.display(), error = %e, "cannot write the stats file");
+                }
+            }
+        }
+    })
+}
+
+/// One line: store requests and errors, cache hit rates.
+fn summary(s: &EngineStats) -> String {
+    let r = &s.store.layers;
+    let mut line = format!(
+        "store requests {} errors {} retries {} gave_up {}; chunk cache hits {} misses {} ({} of {} bytes)",
+        r.requests.total_requests(),
+        r.requests.total_errors(),
+        r.retries.retries,
+        r.retries.gave_up,
+        s.chunk_cache.hits,
+        s.chunk_cache.misses,
+        s.chunk_cache.used_bytes,
+        s.chunk_cache.budget_bytes
+    );
+    if let Some(f) = &r.faults {
+        line.push_str(&format!("; injected faults {}", f.injected_errors));
+    }
+    if let Some(h) = &s.store.http {
+        line.push_str(&format!(
+            "; responses HTTP/1.x {} HTTP/2 {}",
+            h.http1_responses, h.http2_responses
+        ));
+    }
+    line
+}
+
+/// Writes the stats JSON atomically (temporary file, then rename).
+fn write_stats(path: &std::path::Path, stats: &EngineStats) -> anyhow::Result<()> {
+    let json = serde_json::to_vec_pretty(stats)?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
     Ok(())
 }
 
