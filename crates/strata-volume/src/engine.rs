@@ -105,7 +105,11 @@ impl Engine {
         match self.store.put_opts(&path, payload, opts).await {
             Ok(_) => {}
             Err(object_store::Error::AlreadyExists { .. }) => {
-                return Err(VolumeError::AlreadyExists(name.to_string()))
+                // Ours, if a retry followed a write whose reply was lost.
+                let existing = read_manifest(&self.store, name).await?;
+                if existing.uuid != manifest.uuid {
+                    return Err(VolumeError::AlreadyExists(name.to_string()));
+                }
             }
             Err(e) => return Err(store_error(&self.store, "create", &path)(e)),
         }

@@ -34,8 +34,19 @@ async fn backends() -> Vec<(&'static str, Store, tempfile::TempDir)> {
     let local_dir = tempfile::tempdir().unwrap();
     let local = Store::local(&local_dir.path().join("store")).unwrap();
     let s3_dir = tempfile::tempdir().unwrap();
+    let faulty_dir = tempfile::tempdir().unwrap();
+    // 5% of store calls fail and 2% of writes land but report an error (a
+    // lost reply): the retry layer and the conditional-write checks must
+    // hide all of it.
+    let faults =
+        strata_store::FaultConfig::parse("error_rate=0.05,lost_reply_rate=0.02,seed=7").unwrap();
+    let faulty = Store::in_memory_with(&strata_store::LayerConfig {
+        faults: Some(faults),
+        ..strata_store::LayerConfig::default()
+    });
     vec![
         ("memory", Store::in_memory(), mem_dir),
+        ("memory+faults", faulty, faulty_dir),
         ("local", local, local_dir),
         ("minio", minio_store().await, s3_dir),
     ]
