@@ -10,6 +10,7 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use serde::Serialize;
 
 struct Slot<K, V> {
     key: K,
@@ -25,8 +26,9 @@ struct Inner<K, V> {
     used_bytes: u64,
 }
 
-/// Counters of one cache tier.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// Counters of one cache tier. A tier whose budget is 0 is disabled, and
+/// shows it: `budget_bytes: 0`, every lookup a miss.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CacheStats {
     pub hits: u64,
     pub misses: u64,
@@ -81,6 +83,12 @@ impl<K: Hash + Eq + Clone, V: Clone> ClockCache<K, V> {
         found
     }
 
+    /// Whether `key` is cached, without counting a hit or miss or marking
+    /// the entry referenced (read-ahead asks this; it is not a use).
+    pub fn contains(&self, key: &K) -> bool {
+        self.inner.lock().map.contains_key(key)
+    }
+
     /// Inserts `value`, evicting as needed; values costing more than the
     /// whole budget are not cached.
     pub fn insert(&self, key: K, value: V, cost_bytes: u64) {
@@ -95,6 +103,7 @@ impl<K: Hash + Eq + Clone, V: Clone> ClockCache<K, V> {
             self.evict_one(&mut inner);
         }
         inner.used_bytes += cost_bytes;
+        assert!(inner.used_bytes <= self.budget_bytes, "cache over budget");
         let idx = inner.slots.len();
         inner.slots.push(Slot {
             key: key.clone(),

@@ -49,7 +49,7 @@ impl Engine {
         config.validate().map_err(VolumeError::Invalid)?;
         Ok(Engine {
             store,
-            caches: Arc::new(SharedCaches::new(config.cache_bytes)),
+            caches: Arc::new(SharedCaches::new(&config)?),
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
         })
