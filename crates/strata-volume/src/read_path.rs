@@ -457,8 +457,14 @@ impl VolumeReader {
         for p in pieces {
             by_seq.entry(p.seq).or_default().push(p);
         }
-        futures::stream::iter(by_seq)
-            .map(|(seq, pieces)| self.read_segment(caches, seq, pieces))
+        // A loop, not a closure over `StoredPiece<'_>`: such a closure is
+        // not general over the lifetime and the read future would not be
+        // `Send` to the compiler (rust-lang/rust#102211).
+        let mut reads = Vec::with_capacity(by_seq.len());
+        for (seq, pieces) in by_seq {
+            reads.push(self.read_segment(caches, seq, pieces));
+        }
+        futures::stream::iter(reads)
             .buffer_unordered(MAX_PARALLEL_SEGMENTS)
             .try_collect::<Vec<()>>()
             .await?;
@@ -721,12 +727,14 @@ fn count_coalesced(
     if runs.is_empty() {
         return;
     }
+    // Runs are sorted and disjoint: a binary search per piece.
     let fetching = pieces
         .iter()
         .filter(|p| {
             let first = p.offset / CHUNK_BYTES;
             let last = (p.offset + p.dst.len() as u64 - 1) / CHUNK_BYTES;
-            runs.iter().any(|(r, _)| r.start <= last && first < r.end)
+            let i = runs.partition_point(|(r, _)| r.end <= first);
+            runs.get(i).is_some_and(|(r, _)| r.start <= last)
         })
         .count();
     let saved = fetching.saturating_sub(runs.len()) as u64;
