@@ -453,6 +453,12 @@ impl VolumeReader {
         caches: &SharedCaches,
         pieces: Vec<StoredPiece<'_>>,
     ) -> Result<(), VolumeError> {
+        // Most reads touch one segment: no grouping, no fan-out machinery.
+        if let Some(seq) = pieces.first().map(|p| p.seq) {
+            if pieces.iter().all(|p| p.seq == seq) {
+                return self.read_segment(caches, seq, pieces).await;
+            }
+        }
         let mut by_seq: BTreeMap<u64, Vec<StoredPiece<'_>>> = BTreeMap::new();
         for p in pieces {
             by_seq.entry(p.seq).or_default().push(p);
@@ -518,10 +524,10 @@ impl VolumeReader {
         pieces: &[StoredPiece<'_>],
     ) -> Result<(), VolumeError> {
         for round in 0..2 {
-            let missing = chunks.missing();
-            if missing.is_empty() {
+            if chunks.data.iter().all(Option::is_some) {
                 return Ok(());
             }
+            let missing = chunks.missing();
             let plan = caches.plan_fetch(self.uuid, seq, &chunks.numbers, &missing, round > 0);
             count_coalesced(caches, pieces, &plan.runs);
             let fetches = futures::stream::iter(plan.runs)
@@ -568,7 +574,7 @@ impl VolumeReader {
         seq: u64,
         chunks: &mut SegmentChunks,
     ) {
-        if !caches.disk.enabled() {
+        if !caches.disk.enabled() || chunks.data.iter().all(Option::is_some) {
             return;
         }
         let mut hits: Vec<(usize, DiskKey, DiskHit, usize)> = Vec::new();
