@@ -15,10 +15,14 @@ use object_store::path::Path;
 use object_store::{PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 
 use crate::counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
+use crate::env::SplitMixEntropy;
 use crate::layered_object_store::{layer, LayerConfig, Layered, LayeredSnapshot};
 use crate::local_reader::LocalReader;
+use crate::retrying_object_store::{is_transient, RetryPolicy};
 use crate::s3_config::S3Config;
+use futures::TryStreamExt;
 use object_store::prefix::PrefixStore;
+use object_store::ObjectMeta;
 use serde::Serialize;
 
 use object_store::local::LocalFileSystem;
@@ -44,6 +48,8 @@ pub struct Store {
     http_versions: Option<Arc<HttpVersionCounts>>,
     /// The layers' counters.
     layered: Arc<Layered>,
+    /// The retry layer's policy (for listings, which it cannot replay).
+    retry: RetryPolicy,
 }
 
 /// What a store's layers counted.
@@ -149,6 +155,7 @@ impl Store {
     ) -> Store {
         let layered = layer(inner, layers);
         Store {
+            retry: layers.retry.clone(),
             inner: layered.store.clone(),
             description,
             local_reader: None,
@@ -256,6 +263,34 @@ impl Store {
         self.put_opts(location, payload, PutOptions::default())
             .await
             .map(Into::into)
+    }
+
+    /// Lists every object under `prefix`. A listing is a stream the retry
+    /// layer cannot replay, so the whole listing is retried here on a
+    /// transient error (same policy).
+    pub async fn list_all(&self, prefix: &Path) -> object_store::Result<Vec<ObjectMeta>> {
+        let entropy = SplitMixEntropy::from_clock();
+        let started = std::time::Instant::now();
+        let mut attempt = 1u32;
+        loop {
+            let listed: object_store::Result<Vec<ObjectMeta>> =
+                self.inner.list(Some(prefix)).try_collect().await;
+            let e = match listed {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            if !is_transient(&e)
+                || attempt >= self.retry.max_attempts
+                || elapsed_ms >= self.retry.deadline_ms
+            {
+                return Err(e);
+            }
+            let delay_ms = self.retry.backoff_delay_ms(attempt, &entropy);
+            tracing::warn!(prefix = %prefix, attempt, delay_ms, error = %e, "store list failed; retrying");
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+            attempt += 1;
+        }
     }
 
     /// Deletes an object.

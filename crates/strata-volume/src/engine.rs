@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
 use object_store::{PutMode, PutOptions, PutPayload};
 use serde::Serialize;
 use strata_store::{validate_volume_name, ObjectNames, Store};
@@ -39,8 +38,7 @@ pub struct VolumeInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineStats {
     pub store: strata_store::StoreStats,
-    pub chunk_cache: crate::cache::CacheStats,
-    pub index_cache: crate::cache::CacheStats,
+    pub read_path: crate::read_path::ReadPathStats,
     pub volumes: std::collections::BTreeMap<String, crate::volume::VolumeStats>,
 }
 
@@ -58,7 +56,7 @@ impl Engine {
         config.validate().map_err(VolumeError::Invalid)?;
         Ok(Engine {
             store,
-            caches: Arc::new(SharedCaches::new(config.cache_bytes)),
+            caches: Arc::new(SharedCaches::new(&config)?),
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
         })
@@ -182,7 +180,6 @@ impl Engine {
         let (_ownership, manifest, _) = take_ownership(&self.store, &self.config, name).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
-        let os = self.store.object_store();
         // The manifest goes first: from then on the volume does not exist,
         // whatever happens to the rest.
         self.store
@@ -190,11 +187,11 @@ impl Engine {
             .await
             .map_err(store_error(&self.store, "delete", &names.manifest()))?;
         let prefix = names.volume_prefix();
-        let objects: Vec<_> = os
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(store_error(&self.store, "list", &prefix))?;
+        let objects: Vec<_> = self.store.list_all(&prefix).await.map_err(store_error(
+            &self.store,
+            "list",
+            &prefix,
+        ))?;
         for o in objects {
             match self.store.delete(&o.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -255,8 +252,7 @@ impl Engine {
             .collect();
         EngineStats {
             store: self.store.stats(),
-            chunk_cache: self.caches.chunk_stats(),
-            index_cache: self.caches.index_stats(),
+            read_path: self.caches.stats(),
             volumes,
         }
     }

@@ -7,22 +7,27 @@
 //! ARCHITECTURE.md at the top of the repository for the whole picture.
 //!
 //! One file per concept: `journal` (local log + group commit), `segment`
-//! (object format), `extent_map`, `checkpoint`, `manifest`, `cache`,
-//! `volume` (write and read paths), `read_path` (fetching stored data),
+//! (object format), `extent_map`, `checkpoint`, `manifest`, `cache` (RAM
+//! tier), `disk_cache` (local-disk tier), `volume` (write and read paths),
+//! `read_path` (fetching stored data), `inflight` (one fetch per chunk),
+//! `readahead` (sequential readers),
 //! `uploader` (uploads, checkpoints, close), `recovery` (open), `engine`
 //! (the set of volumes and their administration).
 
 mod cache;
 mod checkpoint;
 mod config;
+mod disk_cache;
 mod engine;
 mod envelope;
 mod error;
 mod extent_map;
+mod inflight;
 mod journal;
 mod lease;
 mod manifest;
 mod read_path;
+mod readahead;
 mod recovery;
 mod segment;
 mod uploader;
@@ -30,8 +35,10 @@ mod volume;
 
 pub use cache::CacheStats;
 pub use config::{Durability, VolumeConfig};
+pub use disk_cache::DiskCacheStats;
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::VolumeError;
 pub use manifest::Manifest;
-pub use read_path::SharedCaches;
+pub use read_path::{ReadPathStats, SharedCaches, StoreReadStats};
+pub use readahead::ReadAheadStats;
 pub use volume::{Allocation, Volume, VolumeStats};

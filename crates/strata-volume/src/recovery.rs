@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
 use object_store::{PutPayload, UpdateVersion};
 use parking_lot::Mutex;
 use strata_store::{ObjectNames, Store};
@@ -91,10 +90,8 @@ pub(crate) async fn list_segments(
     names: &ObjectNames,
 ) -> Result<Vec<(u64, u64)>, VolumeError> {
     let prefix = names.segments_prefix();
-    let metas: Vec<_> = store
-        .object_store()
-        .list(Some(&prefix))
-        .try_collect()
+    let metas = store
+        .list_all(&prefix)
         .await
         .map_err(store_error(store, "list", &prefix))?;
     let mut seqs: Vec<(u64, u64)> = metas
@@ -232,8 +229,6 @@ impl Volume {
             ownership,
             segments_uploaded: AtomicU64::new(0),
             bytes_uploaded: AtomicU64::new(0),
-            store_reads: AtomicU64::new(0),
-            store_read_bytes: AtomicU64::new(0),
         });
         vol.start_replayed_uploads();
         vol.start_age_sealer();

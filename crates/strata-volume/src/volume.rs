@@ -5,7 +5,8 @@
 //! the open segment under one lock (so journal order is map order), then
 //! waits, outside the lock, for the journal writer to have it in the file.
 //! Reads look the map up under the same lock, copy what is in memory, and
-//! fetch the rest from the RAM cache or the store after releasing it.
+//! fetch the rest through the read path's tiers (`read_path.rs`) after
+//! releasing it.
 //! Uploads and checkpoints run in `uploader.rs`, recovery in `recovery.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,7 +23,7 @@ use crate::error::VolumeError;
 use crate::extent_map::{ExtentMap, Target};
 use crate::journal::{record_bytes, Journal, RecordKind};
 use crate::manifest::Manifest;
-use crate::read_path::SharedCaches;
+use crate::read_path::{SharedCaches, StoredPiece};
 use crate::segment::{EntryKind, JournalSpan, OpenSegment, SealedSegment};
 
 /// Segment buffers kept for reuse.
@@ -81,8 +82,11 @@ pub struct VolumeStats {
     pub buffered_bytes: u64,
     pub segments_uploaded: u64,
     pub bytes_uploaded: u64,
+    /// Ranged GETs of this volume's segment data (reads and read-ahead).
     pub store_reads: u64,
     pub store_read_bytes: u64,
+    /// The server's RAM chunk cache (shared by all volumes); every tier is
+    /// in `SharedCaches::stats`.
     pub chunk_cache: CacheStats,
 }
 
@@ -112,8 +116,6 @@ pub struct Volume {
     pub(crate) ownership: crate::lease::Ownership,
     pub(crate) segments_uploaded: AtomicU64,
     pub(crate) bytes_uploaded: AtomicU64,
-    pub(crate) store_reads: AtomicU64,
-    pub(crate) store_read_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Volume {
@@ -381,6 +383,7 @@ impl Volume {
                 detail,
             });
         }
+        let reader = self.caches.reader(self);
         let mut misses: Vec<Miss> = Vec::new();
         {
             let st = self.state.lock();
@@ -407,6 +410,7 @@ impl Volume {
                 }
             });
         }
+        self.start_readahead(&reader, offset, buf.len() as u64);
         if misses.is_empty() {
             return Ok(());
         }
@@ -423,14 +427,16 @@ impl Volume {
             rest = tail;
             consumed = m.buf_offset + m.len as usize;
         }
-        futures::future::try_join_all(
-            misses
-                .iter()
-                .zip(dsts)
-                .map(|(m, dst)| self.read_segment(m.seq, m.segment_offset, dst)),
-        )
-        .await?;
-        Ok(())
+        let pieces = misses
+            .iter()
+            .zip(dsts)
+            .map(|(m, dst)| StoredPiece {
+                seq: m.seq,
+                offset: m.segment_offset,
+                dst,
+            })
+            .collect();
+        reader.read_pieces(&self.caches, pieces).await
     }
 
     /// Allocation of `[offset, offset+len)` in at most `max_extents` runs.
@@ -459,6 +465,7 @@ impl Volume {
     }
 
     pub fn stats(&self) -> VolumeStats {
+        let reader = self.caches.reader(self);
         let st = self.state.lock();
         VolumeStats {
             extents: st.map.len() as u64,
@@ -468,8 +475,8 @@ impl Volume {
             buffered_bytes: st.buffered_cost_bytes,
             segments_uploaded: self.segments_uploaded.load(Ordering::Relaxed),
             bytes_uploaded: self.bytes_uploaded.load(Ordering::Relaxed),
-            store_reads: self.store_reads.load(Ordering::Relaxed),
-            store_read_bytes: self.store_read_bytes.load(Ordering::Relaxed),
+            store_reads: reader.gets.load(Ordering::Relaxed),
+            store_read_bytes: reader.get_bytes.load(Ordering::Relaxed),
             chunk_cache: self.caches.chunk_stats(),
         }
     }

@@ -177,6 +177,18 @@ pub struct Budgets {
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub cache_size: String,
 
+    /// Local-disk cache of data read back from the store, in
+    /// <data-dir>/cache (emptied at start), shared by all volumes; 0
+    /// disables it. `auto`: 1GiB for remote stores, 0 for the embedded
+    /// store (its data is on local disk already).
+    #[arg(long, default_value = "auto", value_name = "SIZE")]
+    pub disk_cache_size: String,
+
+    /// Largest read-ahead window of a sequential reader; 0 disables.
+    /// `auto`: 8MiB for remote stores, 0 for the embedded store.
+    #[arg(long, default_value = "auto", value_name = "SIZE")]
+    pub readahead: String,
+
     /// Segment uploads in flight per volume.
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub parallel_uploads: usize,

@@ -109,8 +109,23 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         config.journal_bytes = size_option("--journal-size", &b.journal_size)?;
         config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
+        let remote = !store.is_local();
+        config.disk_cache_bytes = auto_size("--disk-cache-size", &b.disk_cache_size, remote, GIB)?;
+        config.readahead_max_bytes = auto_size("--readahead", &b.readahead, remote, 8 * MIB)?;
     }
     Engine::new(store, config).context("invalid configuration")
+}
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// A size option that may be `auto`: `remote_default` for remote stores,
+/// 0 for the embedded one.
+fn auto_size(option: &str, value: &str, remote: bool, remote_default: u64) -> anyhow::Result<u64> {
+    if value == "auto" {
+        return Ok(if remote { remote_default } else { 0 });
+    }
+    size_option(option, value)
 }
 
 /// Parses a size option, naming it in the error.

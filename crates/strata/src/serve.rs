@@ -86,16 +86,22 @@ fn start_stats(engine: &Arc<Engine>, args: &ServeArgs) -> tokio::task::JoinHandl
 /// One line: store requests and errors, cache hit rates.
 fn summary(s: &EngineStats) -> String {
     let r = &s.store.layers;
+    let (ram, disk) = (&s.read_path.ram_chunks, &s.read_path.disk_chunks);
     let mut line = format!(
-        "store requests {} errors {} retries {} gave_up {}; chunk cache hits {} misses {} ({} of {} bytes)",
+        "store requests {} errors {} retries {} gave_up {}; RAM cache hits {} misses {} ({} of {} bytes); disk cache hits {} misses {} ({} of {} bytes); read-ahead {} bytes",
         r.requests.total_requests(),
         r.requests.total_errors(),
         r.retries.retries,
         r.retries.gave_up,
-        s.chunk_cache.hits,
-        s.chunk_cache.misses,
-        s.chunk_cache.used_bytes,
-        s.chunk_cache.budget_bytes
+        ram.hits,
+        ram.misses,
+        ram.used_bytes,
+        ram.budget_bytes,
+        disk.hits,
+        disk.misses,
+        disk.used_bytes,
+        disk.budget_bytes,
+        s.read_path.readahead.bytes_prefetched,
     );
     if let Some(f) = &r.faults {
         line.push_str(&format!("; injected faults {}", f.injected_errors));
