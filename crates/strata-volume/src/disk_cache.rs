@@ -132,6 +132,9 @@ pub struct DiskCacheStats {
     /// Failed `pread` / `pwrite` calls (the chunk is then not cached / read
     /// from the store).
     pub io_errors: u64,
+    /// Chunks not written because the disk was behind (reads never wait
+    /// for the disk tier).
+    pub skipped_writes: u64,
 }
 
 pub struct DiskCache {
@@ -148,6 +151,7 @@ pub struct DiskCache {
     evictions: AtomicU64,
     verify_failures: AtomicU64,
     io_errors: AtomicU64,
+    skipped_writes: AtomicU64,
 }
 
 impl DiskCache {
@@ -222,6 +226,7 @@ impl DiskCache {
             evictions: AtomicU64::new(0),
             verify_failures: AtomicU64::new(0),
             io_errors: AtomicU64::new(0),
+            skipped_writes: AtomicU64::new(0),
         }
     }
 
@@ -387,7 +392,13 @@ impl DiskCache {
             budget_bytes: self.budget_bytes,
             verify_failures: self.verify_failures.load(Ordering::Relaxed),
             io_errors: self.io_errors.load(Ordering::Relaxed),
+            skipped_writes: self.skipped_writes.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts chunks not cached because the write queue was full.
+    pub fn skip_writes(&self, chunks: u64) {
+        self.skipped_writes.fetch_add(chunks, Ordering::Relaxed);
     }
 }
 

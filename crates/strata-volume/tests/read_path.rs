@@ -215,7 +215,14 @@ fn counting_store() -> (Store, Arc<Probe>) {
     let store = Store::from_object_store(
         Arc::new(inner),
         "counting memory://".into(),
-        &strata_store::LayerConfig::default(),
+        // No retries: the probe counts and fails GETs one by one.
+        &strata_store::LayerConfig {
+            retry: strata_store::RetryPolicy {
+                max_attempts: 1,
+                ..strata_store::RetryPolicy::default()
+            },
+            ..strata_store::LayerConfig::default()
+        },
     );
     (store, probe)
 }
