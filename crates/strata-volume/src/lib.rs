@@ -18,6 +18,7 @@ mod cache;
 mod checkpoint;
 mod config;
 mod disk_cache;
+mod disk_writer;
 mod engine;
 mod envelope;
 mod error;
