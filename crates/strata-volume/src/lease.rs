@@ -334,6 +334,8 @@ pub(crate) struct Ownership {
     /// Writes are allowed until this many ms after `started`.
     valid_until_ms: AtomicU64,
     fenced: parking_lot::Mutex<Option<String>>,
+    /// Set once the volume is closed and the lease given up.
+    released: std::sync::atomic::AtomicBool,
     /// Woken when validity or fencing changes.
     pub changed: Notify,
 }
@@ -351,6 +353,7 @@ impl Ownership {
             started: sent_at,
             valid_until_ms: AtomicU64::new(0),
             fenced: parking_lot::Mutex::new(None),
+            released: std::sync::atomic::AtomicBool::new(false),
             changed: Notify::new(),
         };
         own.extend(sent_at);
@@ -406,6 +409,10 @@ impl Ownership {
     /// One renewal attempt; fences on a takeover.
     pub async fn renew(&self, store: &Store, names: &ObjectNames) -> Result<(), RenewError> {
         let mut held = self.held.lock().await;
+        if self.is_released() {
+            // A renewal must not resurrect a lease released meanwhile.
+            return Ok(());
+        }
         let sent_at = Instant::now();
         match renew(store, names, &held).await {
             Ok(h) => {
@@ -423,11 +430,17 @@ impl Ownership {
 
     /// Lets another process on this data directory open the volume.
     pub fn drop_local_lock(&self) {
+        self.released.store(true, Ordering::Release);
         self.local_lock.lock().take();
+    }
+
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
     }
 
     /// Releases the lease (unless fenced) and the local lock.
     pub async fn release(&self, store: &Store, names: &ObjectNames) -> Result<(), VolumeError> {
+        self.released.store(true, Ordering::Release);
         let result = if self.fenced().is_none() {
             release(store, names, &*self.held.lock().await).await
         } else {

@@ -257,7 +257,9 @@ impl Volume {
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
                 let Some(vol) = weak.upgrade() else { return };
-                if vol.closed.load(std::sync::atomic::Ordering::Acquire) {
+                // Renewals go on while a close uploads what is left (its
+                // uploads need a valid lease), until the lease is released.
+                if vol.ownership.is_released() {
                     return;
                 }
                 delay_ms = match vol.ownership.renew(&vol.store, &vol.names).await {
