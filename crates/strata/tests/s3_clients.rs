@@ -75,7 +75,7 @@ fn s3_fio_random_writes_verify_crc32c_then_cold_verify() {
     let mut server = Server::start(
         tmp.path(),
         Target::strata_s3(&store, &[]),
-        &[("vol", 2 * GIB)],
+        &[("vol", 2 * GIB), ("empty", 2 * GIB)],
     );
     // A quarter of fio_verify.rs's regions: 256 MiB written and verified.
     let fio = FioVerify::scaled(4);
@@ -83,8 +83,14 @@ fn s3_fio_random_writes_verify_crc32c_then_cold_verify() {
     server.assert_alive();
     server.restart_on_new_host();
     assert_segments_in_bucket(&store, "vol");
+    let before = store.segments("vol");
     fio.verify_only(tmp.path(), &server.vol_uri(), Duration::from_secs(300));
+    // The check can fail: the same verification of a never written volume.
+    fio.verify_only_fails(tmp.path(), &server.uri("empty"));
     server.stop();
+    // The cold verification only read: had it written the data again, it
+    // would have verified its own writes (and they would be new segments).
+    assert_eq!(store.segments("vol"), before, "the verification wrote");
     eprintln!("s3 fio: {:.1?}", t.elapsed());
 }
 

@@ -77,8 +77,11 @@ fn s3_fio_verify_passes_while_a_cluster_node_restarts() {
     server.assert_alive();
 
     server.restart_on_new_host();
+    let before = store.segments("vol");
     fio.verify_only(tmp.path(), &server.vol_uri(), Duration::from_secs(300));
     server.stop();
+    // The cold verification only read (no new segment).
+    assert_eq!(store.segments("vol"), before, "the verification wrote");
     drop(server);
     drop(cluster);
     eprintln!("s3 cluster: {:.1?}", t.elapsed());

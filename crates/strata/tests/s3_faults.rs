@@ -103,6 +103,7 @@ fn s3_fio_verify_passes_under_injected_store_faults() {
     // Another host, empty caches: every block comes from MinIO, through
     // the faulty store.
     server.restart_on_new_host();
+    let before = store.segments("vol");
     fio.verify_only(tmp.path(), &server.vol_uri(), Duration::from_secs(300));
     server.assert_alive();
     let cold = server.last_stderr();
@@ -115,5 +116,7 @@ fn s3_fio_verify_passes_under_injected_store_faults() {
     );
     assert!(gave_up(&cold).is_empty(), "{:#?}", gave_up(&cold));
     server.stop();
+    // The cold verification only read (no new segment).
+    assert_eq!(store.segments("vol"), before, "the verification wrote");
     eprintln!("s3 faults: {:.1?}", t.elapsed());
 }

@@ -133,11 +133,23 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
     require_tools(&["qemu-io", "nbdinfo"]);
     let tmp = tempfile::TempDir::new().unwrap();
     let store = S3Store::on_shared_minio("fence");
-    let target = Target::strata_s3(&store, &["--volume", "vol", "--lease-ttl-ms", "2000"]);
+    // Remote durability: what A FLUSHed is in the store when B takes over
+    // (with local durability it could still be in A's journal only).
+    let target = Target::strata_s3(
+        &store,
+        &[
+            "--volume",
+            "vol",
+            "--lease-ttl-ms",
+            "2000",
+            "--durability",
+            "remote",
+        ],
+    );
     let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
     let a_uri = a.vol_uri();
 
-    // A's data, in the store.
+    // A's data, in the store (FLUSHed).
     let a_flushed = [(0x41, 0, MIB), (0x42, 8 * MIB, MIB)];
     write_patterns(&a_uri, &a_flushed, true);
     // A client of A that will write after the takeover.
@@ -222,17 +234,33 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
         late.stderr()
     );
     eprintln!("late client of A: {}", late.stdout().trim());
-    // New connections are refused, saying why.
-    let out = run_timeout(Command::new("nbdinfo").arg(&a_uri), Duration::from_secs(60));
+    // New connections are refused, saying why (libnbd shows the server's
+    // message text only in its debug output).
+    let out = run_timeout(
+        Command::new("nbdinfo").env("LIBNBD_DEBUG", "1").arg(&a_uri),
+        Duration::from_secs(60),
+    );
     assert!(
         !out.status.success(),
         "nbdinfo connected to the fenced server A: {}",
         stdout_str(&out)
     );
+    let err = stderr_str(&out);
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("server error message"))
+        .collect();
+    eprintln!(
+        "new client of A: {}",
+        said.first().unwrap_or(&"(no message)")
+    );
     assert!(
-        stderr_str(&out).contains("fenced"),
-        "the fenced server refused a new client without saying \"fenced\": {}",
-        stderr_str(&out)
+        !said.is_empty() && said.iter().all(|l| l.contains("fenced")),
+        "the fenced server refused a new client without saying \"fenced\": {said:#?}\n{}",
+        err.lines()
+            .filter(|l| !l.contains("libnbd: debug"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     let out = qemu_io(&a_uri, &["read 0 4096".to_string()]);
     assert!(

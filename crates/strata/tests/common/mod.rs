@@ -391,6 +391,12 @@ impl S3Store {
         keys
     }
 
+    /// Number and total size of the segment objects of `volume`.
+    pub fn segments(&self, volume: &str) -> (usize, u64) {
+        let segments = self.list(&format!("{volume}/segments/"));
+        (segments.len(), segments.iter().map(|(_, size)| size).sum())
+    }
+
     /// A signed GET with curl; panics unless it answers 2xx.
     fn curl(&self, url: &str) -> Output {
         let env: std::collections::HashMap<_, _> = self.env.iter().cloned().collect();
