@@ -52,11 +52,11 @@ fn s3_fio_verify_passes_while_a_cluster_node_restarts() {
             t0.elapsed()
         });
         let t0 = Instant::now();
-        thread::sleep(Duration::from_secs(4));
+        thread::sleep(Duration::from_secs(3));
         cluster.kill_node(2);
         let killed_at = t0.elapsed();
         eprintln!("killed MinIO node 2 at {killed_at:.1?}");
-        thread::sleep(Duration::from_secs(5));
+        thread::sleep(Duration::from_secs(4));
         cluster.restart_node(2);
         let back_at = t0.elapsed();
         eprintln!("MinIO node 2 back at {back_at:.1?}");

@@ -7,6 +7,19 @@
 //! `STRATA_E2E_PEER=1`, which is how the plumbing of each test is validated
 //! independently of strata.
 //!
+//! strata keeps its volumes in a store in the test's temp dir, or on S3:
+//! [`Target::strata_s3`] with an [`S3Store`], a fresh bucket on a MinIO of
+//! `strata-testkit` (the process-wide shared server, or a 4-node cluster).
+//! With a shared store a server can move to "another host":
+//! [`Server::restart_on_new_host`] / [`Server::set_data_dir`] restart it on
+//! an empty data dir, so everything it serves comes from MinIO; servers in
+//! different dirs on one store compete for a volume's lease
+//! ([`Server::try_start`] for a start that may be refused).
+//!
+//! The bodies of the real-client tests live in [`clients`] and the crash
+//! checker in [`crash_check`], so the local-store tests and the S3 ones run
+//! the same checks.
+//!
 //! Everything a test starts is owned by a guard that stops it on drop, also
 //! when the test panics: [`Server`] (kill -9 + wait), [`BgProcess`],
 //! [`FuseFile`] (fusermount3 -u), [`LoopDev`] (losetup -d), [`Mount`]
