@@ -406,7 +406,8 @@ impl Ownership {
         }
     }
 
-    /// One renewal attempt; fences on a takeover.
+    /// One renewal attempt. On a takeover the caller fences the volume
+    /// (`Volume::fence`, which words the reason clients and logs see).
     pub async fn renew(&self, store: &Store, names: &ObjectNames) -> Result<(), RenewError> {
         let mut held = self.held.lock().await;
         if self.is_released() {
@@ -419,10 +420,6 @@ impl Ownership {
                 *held = h;
                 self.extend(sent_at);
                 Ok(())
-            }
-            Err(RenewError::Fenced(d)) => {
-                self.fence(d.clone());
-                Err(RenewError::Fenced(d))
             }
             Err(e) => Err(e),
         }

@@ -7,11 +7,27 @@
 //! `STRATA_E2E_PEER=1`, which is how the plumbing of each test is validated
 //! independently of strata.
 //!
+//! strata keeps its volumes in a store in the test's temp dir, or on S3:
+//! [`Target::strata_s3`] with an [`S3Store`], a fresh bucket on a MinIO of
+//! `strata-testkit` (the process-wide shared server, or a 4-node cluster).
+//! With a shared store a server can move to "another host":
+//! [`Server::restart_on_new_host`] / [`Server::set_data_dir`] restart it on
+//! an empty data dir, so everything it serves comes from MinIO; servers in
+//! different dirs on one store compete for a volume's lease
+//! ([`Server::try_start`] for a start that may be refused).
+//!
+//! The bodies of the real-client tests live in [`clients`] and the crash
+//! checker in [`crash_check`], so the local-store tests and the S3 ones run
+//! the same checks.
+//!
 //! Everything a test starts is owned by a guard that stops it on drop, also
 //! when the test panics: [`Server`] (kill -9 + wait), [`BgProcess`],
 //! [`FuseFile`] (fusermount3 -u), [`LoopDev`] (losetup -d), [`Mount`]
 //! (umount). Servers only bind unix sockets inside the test's temp dir.
 #![allow(dead_code)]
+
+pub mod clients;
+pub mod crash_check;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -227,9 +243,14 @@ pub fn python_with_nbd() -> &'static str {
 /// What serves the export(s).
 #[derive(Clone, Debug)]
 pub enum Target {
-    /// `strata serve` with its own store and data dir in the test's temp dir.
-    /// `extra` are appended to `strata serve` (e.g. `--write-buffer 64MiB`).
-    Strata { extra: Vec<String> },
+    /// `strata serve` with its data dir in the test's temp dir and its store
+    /// there too, or on S3 (MinIO) when `s3` is set. `extra` are appended to
+    /// `strata serve` (e.g. `--write-buffer 64MiB`), `env` is set for it.
+    Strata {
+        extra: Vec<String>,
+        s3: Option<S3Store>,
+        env: Vec<(String, String)>,
+    },
     /// `nbdkit memory SIZE`: RAM, lost on restart. Any export name works.
     NbdkitMemory,
     /// `nbdkit file DIR/peer.img`: survives restart and kill -9 (page cache).
@@ -238,13 +259,40 @@ pub enum Target {
 
 impl Target {
     pub fn strata() -> Target {
-        Target::Strata { extra: Vec::new() }
+        Target::strata_with(&[])
     }
 
     pub fn strata_with(extra: &[&str]) -> Target {
         Target::Strata {
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            s3: None,
+            env: Vec::new(),
         }
+    }
+
+    /// strata with its volumes in `store` (an S3 bucket on MinIO).
+    pub fn strata_s3(store: &S3Store, extra: &[&str]) -> Target {
+        Target::Strata {
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            s3: Some(store.clone()),
+            env: Vec::new(),
+        }
+    }
+
+    /// The same target with more `strata serve` arguments.
+    pub fn with_args(mut self, more: &[&str]) -> Target {
+        if let Target::Strata { extra, .. } = &mut self {
+            extra.extend(more.iter().map(|s| s.to_string()));
+        }
+        self
+    }
+
+    /// The same target with an extra environment variable for strata.
+    pub fn with_env(mut self, key: &str, value: &str) -> Target {
+        if let Target::Strata { env, .. } = &mut self {
+            env.push((key.to_string(), value.to_string()));
+        }
+        self
     }
 
     /// The target of a test: strata, unless `STRATA_E2E_PEER=1` asks for the
@@ -259,6 +307,148 @@ impl Target {
     pub fn is_strata(&self) -> bool {
         matches!(self, Target::Strata { .. })
     }
+
+    /// The S3 store, for strata on MinIO.
+    pub fn s3(&self) -> Option<&S3Store> {
+        match self {
+            Target::Strata { s3, .. } => s3.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// S3 (MinIO) stores
+// ---------------------------------------------------------------------------
+
+/// Where a strata server keeps its volumes on S3: a fresh bucket on a MinIO
+/// of `strata-testkit` (the process-wide shared server or a cluster), and
+/// the environment (`AWS_*`) a client needs to reach it.
+#[derive(Clone, Debug)]
+pub struct S3Store {
+    pub bucket: String,
+    /// Key prefix inside the bucket (no leading or trailing `/`).
+    pub prefix: String,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl S3Store {
+    /// A fresh bucket on the MinIO server shared by the tests of this
+    /// process (started on first use, killed at exit).
+    pub fn on_shared_minio(prefix: &str) -> S3Store {
+        let minio = strata_testkit::MinioServer::shared();
+        S3Store {
+            bucket: minio.fresh_bucket(),
+            prefix: prefix.to_string(),
+            endpoint: minio.endpoint(),
+            env: minio.client_env(),
+        }
+    }
+
+    /// A fresh bucket on a MinIO cluster; strata talks to node 1.
+    pub fn on_cluster(cluster: &strata_testkit::MinioCluster, prefix: &str) -> S3Store {
+        S3Store {
+            bucket: cluster.fresh_bucket(),
+            prefix: prefix.to_string(),
+            endpoint: cluster.endpoint(),
+            env: cluster.client_env(),
+        }
+    }
+
+    /// `s3://BUCKET/PREFIX`, what `--store` takes.
+    pub fn url(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("s3://{}", self.bucket)
+        } else {
+            format!("s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+
+    /// The object keys under `PREFIX/<sub>` (e.g. `vol/segments/`), with
+    /// their sizes, listed with curl (ListObjectsV2, every page).
+    pub fn list(&self, sub: &str) -> Vec<(String, u64)> {
+        let full = if self.prefix.is_empty() {
+            sub.to_string()
+        } else {
+            format!("{}/{sub}", self.prefix)
+        };
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut url = format!(
+                "{}/{}?list-type=2&prefix={}",
+                self.endpoint,
+                self.bucket,
+                url_encode(&full)
+            );
+            if let Some(t) = &token {
+                url.push_str(&format!("&continuation-token={}", url_encode(t)));
+            }
+            let body = stdout_str(&self.curl(&url));
+            for item in body.split("<Contents>").skip(1) {
+                let key = xml_field(item, "Key").unwrap_or_default();
+                let size = xml_field(item, "Size")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                keys.push((key, size));
+            }
+            match xml_field(&body, "NextContinuationToken") {
+                Some(t) if xml_field(&body, "IsTruncated").as_deref() == Some("true") => {
+                    token = Some(t)
+                }
+                _ => break,
+            }
+        }
+        keys
+    }
+
+    /// Number and total size of the segment objects of `volume`.
+    pub fn segments(&self, volume: &str) -> (usize, u64) {
+        let segments = self.list(&format!("{volume}/segments/"));
+        (segments.len(), segments.iter().map(|(_, size)| size).sum())
+    }
+
+    /// A signed GET with curl; panics unless it answers 2xx.
+    fn curl(&self, url: &str) -> Output {
+        let env: std::collections::HashMap<_, _> = self.env.iter().cloned().collect();
+        let user = format!(
+            "{}:{}",
+            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+        );
+        let sigv4 = format!("aws:amz:{}:s3", env["AWS_REGION"]);
+        run_ok(
+            Command::new("curl")
+                .args(["-sS", "--fail-with-body", "--max-time", "120"])
+                .arg("--user")
+                .arg(user)
+                .arg("--aws-sigv4")
+                .arg(sigv4)
+                .arg(url),
+            Duration::from_secs(150),
+        )
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (for query values).
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The text of the first `<name>...</name>` in `xml`.
+fn xml_field(xml: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let start = xml.find(&open)? + open.len();
+    let end = xml[start..].find(&format!("</{name}>"))? + start;
+    Some(xml[start..end].to_string())
 }
 
 /// A running NBD server. Dropping it kills it (SIGKILL) and reaps it.
@@ -268,8 +458,12 @@ pub struct Server {
     pub socket: PathBuf,
     /// (name, size in bytes) of the volumes to serve / create.
     pub volumes: Vec<(String, u64)>,
+    /// strata's `--data-dir`: `DIR/data` unless moved ("another host").
+    data_dir: PathBuf,
     child: Option<Child>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// Length of `stderr` when the last start began.
+    stderr_mark: usize,
     /// stdout lines printed before `ready` on the last start.
     pub banner: Vec<String>,
     starts: u32,
@@ -281,19 +475,46 @@ impl Server {
     /// waits until it is ready. For strata the volumes are created with
     /// `--create NAME=SIZE`; for nbdkit the first volume's size is used.
     pub fn start(dir: &Path, target: Target, volumes: &[(&str, u64)]) -> Server {
-        let mut s = Server {
+        let mut s = Server::new(dir, target, volumes);
+        s.launch();
+        s
+    }
+
+    /// Like [`Server::start`], for a server that is expected to refuse to
+    /// start: `Err` with its exit status and stderr when it exits before
+    /// printing `ready`. Any other failure to start panics.
+    pub fn try_start(
+        dir: &Path,
+        target: Target,
+        volumes: &[(&str, u64)],
+    ) -> Result<Server, (ExitStatus, String)> {
+        let mut s = Server::new(dir, target, volumes);
+        match s.try_launch() {
+            Ok(()) => Ok(s),
+            Err(LaunchError::Exited(st)) => {
+                s.stderr_shown = true;
+                let err = s.last_stderr();
+                Err((st, err))
+            }
+            Err(LaunchError::Other(why)) => s.fail_start(&why),
+        }
+    }
+
+    fn new(dir: &Path, target: Target, volumes: &[(&str, u64)]) -> Server {
+        std::fs::create_dir_all(dir).expect("create the server's directory");
+        Server {
             target,
             dir: dir.to_path_buf(),
             socket: dir.join("nbd.sock"),
             volumes: volumes.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
+            data_dir: dir.join("data"),
             child: None,
             stderr: Arc::new(Mutex::new(Vec::new())),
+            stderr_mark: 0,
             banner: Vec::new(),
             starts: 0,
             stderr_shown: false,
-        };
-        s.launch();
-        s
+        }
     }
 
     pub fn store_dir(&self) -> PathBuf {
@@ -301,7 +522,33 @@ impl Server {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.join("data")
+        self.data_dir.clone()
+    }
+
+    /// Uses `dir` as the data dir from the next start on (the server must
+    /// be stopped): with a new, empty directory the server is "another
+    /// host" with empty caches and journals, which only works when the
+    /// store is shared (S3).
+    pub fn set_data_dir(&mut self, dir: &Path) {
+        assert!(self.child.is_none(), "server still running");
+        self.data_dir = dir.to_path_buf();
+    }
+
+    /// Stops the server cleanly and starts it again with a new, empty data
+    /// dir (`DIR/data-N`): everything it serves then comes from the store.
+    pub fn restart_on_new_host(&mut self) {
+        self.stop();
+        let mut n = 2;
+        while self.dir.join(format!("data-{n}")).exists() {
+            n += 1;
+        }
+        let fresh = self.dir.join(format!("data-{n}"));
+        self.set_data_dir(&fresh);
+        eprintln!(
+            "[harness] restarting on a new host (data dir {})",
+            fresh.display()
+        );
+        self.start_again();
     }
 
     pub fn uri(&self, export: &str) -> String {
@@ -322,16 +569,59 @@ impl Server {
         text(&self.stderr)
     }
 
+    /// What the server wrote on stderr since its last start began.
+    pub fn last_stderr(&self) -> String {
+        let buf = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&buf[self.stderr_mark.min(buf.len())..]).into_owned()
+    }
+
+    /// Sends `signal` to the running server (e.g. SIGSTOP / SIGCONT).
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = self.pid() as libc::pid_t;
+        // SAFETY: plain kill(2) on our own child.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+    }
+
+    /// Runs the strata CLI (`strata --store .. --data-dir .. ARGS`) against
+    /// this server's store and data dir, with its environment.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let Target::Strata { s3, env, .. } = &self.target else {
+            panic!("the strata CLI needs a strata target");
+        };
+        let mut c = strata_command(s3.as_ref(), env);
+        c.arg("--store")
+            .arg(self.store_arg())
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .args(args);
+        run_timeout(&mut c, Duration::from_secs(60))
+    }
+
+    fn store_arg(&self) -> std::ffi::OsString {
+        match self.target.s3() {
+            Some(s3) => s3.url().into(),
+            None => self.store_dir().into(),
+        }
+    }
+
     fn launch(&mut self) {
+        match self.try_launch() {
+            Ok(()) => {}
+            Err(LaunchError::Exited(st)) => {
+                self.fail_start(&format!("server exited during startup: {st}"))
+            }
+            Err(LaunchError::Other(why)) => self.fail_start(&why),
+        }
+    }
+
+    fn try_launch(&mut self) -> Result<(), LaunchError> {
         self.starts += 1;
         let mut cmd = match &self.target {
-            Target::Strata { extra } => {
-                let mut c = Command::new(strata_bin());
-                c.env_remove("STRATA_STORE")
-                    .env_remove("STRATA_DATA_DIR")
-                    .env("RUST_BACKTRACE", "1")
-                    .arg("--store")
-                    .arg(self.store_dir())
+            Target::Strata { extra, s3, env } => {
+                let mut c = strata_command(s3.as_ref(), env);
+                c.arg("--store")
+                    .arg(self.store_arg())
                     .arg("--data-dir")
                     .arg(self.data_dir())
                     .arg("serve")
@@ -382,6 +672,7 @@ impl Server {
             .unwrap_or_else(|e| panic!("cannot spawn {desc}: {e}"));
         {
             let mut e = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+            self.stderr_mark = e.len();
             e.extend_from_slice(format!("=== start #{}: {desc}\n", self.starts).as_bytes());
         }
         spawn_collector(
@@ -408,15 +699,24 @@ impl Server {
                 match rx.recv_timeout(left.max(Duration::from_millis(1))) {
                     Ok(line) if line.trim() == "ready" => break,
                     Ok(line) => self.banner.push(line),
-                    Err(mpsc::RecvTimeoutError::Timeout) => self.fail_start(&format!(
-                        "no `ready` line on stdout within {READY_TIMEOUT:?}"
-                    )),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        return Err(LaunchError::Other(format!(
+                            "no `ready` line on stdout within {READY_TIMEOUT:?}"
+                        )))
+                    }
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         // stdout closed: the server exited.
-                        let st = self.wait_exit(Duration::from_secs(5));
-                        self.fail_start(&format!(
-                            "server closed stdout before printing `ready` (exit: {st:?})"
-                        ));
+                        return match self.wait_exit(Duration::from_secs(5)) {
+                            Some(st) => {
+                                // Let the stderr collector catch up.
+                                thread::sleep(Duration::from_millis(100));
+                                Err(LaunchError::Exited(st))
+                            }
+                            None => Err(LaunchError::Other(
+                                "server closed stdout before printing `ready` and kept running"
+                                    .to_string(),
+                            )),
+                        };
                     }
                 }
             }
@@ -433,10 +733,13 @@ impl Server {
                     .as_mut()
                     .and_then(|c| c.try_wait().ok().flatten())
                 {
-                    self.fail_start(&format!("server exited during startup: {st}"));
+                    self.child = None;
+                    return Err(LaunchError::Exited(st));
                 }
                 if t0.elapsed() > READY_TIMEOUT {
-                    self.fail_start("socket never accepted connections");
+                    return Err(LaunchError::Other(
+                        "socket never accepted connections".to_string(),
+                    ));
                 }
                 thread::sleep(Duration::from_millis(20));
             }
@@ -447,11 +750,13 @@ impl Server {
             t0.elapsed(),
             self.starts
         );
+        Ok(())
     }
 
     fn kind(&self) -> &'static str {
         match self.target {
-            Target::Strata { .. } => "strata",
+            Target::Strata { s3: None, .. } => "strata",
+            Target::Strata { s3: Some(_), .. } => "strata (S3)",
             Target::NbdkitMemory => "nbdkit-memory",
             Target::NbdkitFile => "nbdkit-file",
         }
@@ -553,6 +858,40 @@ impl Server {
         self.launch();
     }
 
+    /// Like [`Server::start_again`], for a start that may be refused: `Err`
+    /// with the exit status and the stderr of this start when the server
+    /// exits before printing `ready`.
+    pub fn try_start_again(&mut self) -> Result<(), (ExitStatus, String)> {
+        assert!(self.child.is_none(), "server still running");
+        match self.try_launch() {
+            Ok(()) => Ok(()),
+            Err(LaunchError::Exited(st)) => Err((st, self.last_stderr())),
+            Err(LaunchError::Other(why)) => self.fail_start(&why),
+        }
+    }
+
+    /// Sends `signal` (SIGTERM, SIGINT) and returns the exit status, whatever
+    /// it is; panics (after SIGKILL) if the server does not exit in time.
+    pub fn stop_status(&mut self, signal: libc::c_int) -> ExitStatus {
+        let pid = self.pid() as libc::pid_t;
+        // SAFETY: plain kill(2) on our own child.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+        match self.wait_exit(STOP_TIMEOUT) {
+            Some(st) => st,
+            None => {
+                self.kill9();
+                self.stderr_shown = true;
+                panic!(
+                    "{} did not exit within {STOP_TIMEOUT:?} of signal {signal}\n--- server stderr ---\n{}",
+                    self.kind(),
+                    tail(&self.stderr(), 8000)
+                );
+            }
+        }
+    }
+
     /// Clean restart (SIGTERM, start).
     pub fn restart(&mut self) {
         self.stop();
@@ -585,19 +924,46 @@ pub fn free_tcp_port() -> u16 {
     l.local_addr().expect("local_addr").port()
 }
 
-/// Runs the strata CLI against the given store/data dir (no server needed).
-pub fn strata_cli(store: &Path, data_dir: &Path, args: &[&str]) -> Output {
+/// Why a server did not start.
+enum LaunchError {
+    /// It exited (e.g. refused to serve a volume another server holds).
+    Exited(ExitStatus),
+    Other(String),
+}
+
+/// A `strata` command with a clean environment: no `STRATA_*` settings
+/// from the caller, and S3 pointed at `s3`'s MinIO, or (without S3) at a
+/// closed local port so nothing ever reaches the internet. `env` last.
+pub fn strata_command(s3: Option<&S3Store>, env: &[(String, String)]) -> Command {
     let mut c = Command::new(strata_bin());
     c.env_remove("STRATA_STORE")
         .env_remove("STRATA_DATA_DIR")
-        // Any S3 access goes to a closed local port (never the internet).
-        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-        .env("AWS_ENDPOINT", "http://127.0.0.1:9")
-        .env("AWS_ALLOW_HTTP", "true")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", "strata-e2e-dummy")
-        .env("AWS_SECRET_ACCESS_KEY", "strata-e2e-dummy")
-        .arg("--store")
+        .env_remove("STRATA_FAULTS")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_CA_BUNDLE")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env("RUST_BACKTRACE", "1");
+    match s3 {
+        Some(s3) => {
+            c.envs(s3.env.iter().map(|(k, v)| (k, v)));
+        }
+        None => {
+            c.env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+                .env("AWS_ENDPOINT", "http://127.0.0.1:9")
+                .env("AWS_ALLOW_HTTP", "true")
+                .env("AWS_REGION", "us-east-1")
+                .env("AWS_ACCESS_KEY_ID", "strata-e2e-dummy")
+                .env("AWS_SECRET_ACCESS_KEY", "strata-e2e-dummy");
+        }
+    }
+    c.envs(env.iter().map(|(k, v)| (k, v)));
+    c
+}
+
+/// Runs the strata CLI against the given store/data dir (no server needed).
+pub fn strata_cli(store: &Path, data_dir: &Path, args: &[&str]) -> Output {
+    let mut c = strata_command(None, &[]);
+    c.arg("--store")
         .arg(store)
         .arg("--data-dir")
         .arg(data_dir)
