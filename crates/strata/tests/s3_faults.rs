@@ -88,17 +88,21 @@ fn s3_fio_verify_passes_under_injected_store_faults() {
         fio.total_bytes() / MIB
     );
     assert!(gave_up(&log).is_empty(), "{:#?}", gave_up(&log));
-    match stats_injected(&stats) {
-        Some(n) => {
-            eprintln!("stats file: {n} injected errors");
-            assert!(n > 0, "the stats file counts no injected error");
-        }
-        None => eprintln!(
-            "no stats file at {} (strata serve does not write --stats-file yet); \
-             fault injection checked through the log only",
+    let injected = stats_injected(&stats).unwrap_or_else(|| {
+        panic!(
+            "no stats file (or no fault counters) at {}",
             stats.display()
-        ),
-    }
+        )
+    });
+    eprintln!("stats file: {injected} injected errors");
+    assert!(injected > 0, "the stats file counts no injected error");
+    let text = std::fs::read_to_string(&stats).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        v["store"]["layers"]["retries"]["gave_up"].as_u64(),
+        Some(0),
+        "a store request gave up: {text}"
+    );
 
     // Another host, empty caches: every block comes from MinIO, through
     // the faulty store.
