@@ -32,6 +32,10 @@ pub struct VolumeInfo {
     pub checkpoint_seq: Option<u64>,
     pub segments: u64,
     pub stored_bytes: u64,
+    /// Bumped by every server that opened the volume for writing.
+    pub epoch: u64,
+    /// The server holding a live lease on the volume, if any.
+    pub served_by: Option<String>,
 }
 
 /// What `Engine::stats` reports (the `--stats-file` JSON).
@@ -154,8 +158,16 @@ impl Engine {
     pub async fn volume_info(&self, name: &str) -> Result<VolumeInfo, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         let m = read_manifest(&self.store, name).await?;
-        let segs = list_segments(&self.store, &ObjectNames::new(name)).await?;
+        let names = ObjectNames::new(name);
+        let segs = list_segments(&self.store, &names).await?;
+        // An unreadable lease is reported, not fatal: info must still work.
+        let served_by = match crate::lease::read_lease(&self.store, &names).await {
+            Ok(lease) => lease.and_then(|(l, _)| l.live_holder()),
+            Err(e) => Some(format!("unknown ({e})")),
+        };
         Ok(VolumeInfo {
+            epoch: m.epoch,
+            served_by,
             name: m.name,
             size_bytes: m.size_bytes,
             uuid: m.uuid,

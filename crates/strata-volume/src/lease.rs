@@ -78,6 +78,13 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// "holder (pid N)" while the lease is live, for `volume info`.
+    pub fn live_holder(&self) -> Option<String> {
+        let age_ms = now_ms().saturating_sub(self.renewed_unix_ms);
+        (!self.released && age_ms < self.ttl_ms)
+            .then(|| format!("{} (pid {}, epoch {})", self.holder, self.pid, self.epoch))
+    }
+
     fn encode(&self) -> Bytes {
         let body = serde_json::to_vec(self).unwrap_or_default();
         Bytes::from(envelope::encode(MAGIC, &body))

@@ -197,6 +197,11 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                     .checkpoint_seq
                     .map_or("none".to_string(), |s| s.to_string());
                 println!("checkpoint:  {ckpt}");
+                println!("epoch:       {}", v.epoch);
+                println!(
+                    "served by:   {}",
+                    v.served_by.as_deref().unwrap_or("nobody")
+                );
             }
         }
         VolumeCommand::Delete { name } => {

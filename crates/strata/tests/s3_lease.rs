@@ -85,6 +85,15 @@ fn s3_second_server_is_refused_until_the_first_stops_cleanly() {
     );
     a.assert_alive();
     qemu_io_verify(&a.vol_uri(), &reads(&ws), "through the first server");
+    // `volume info` tells an operator who holds it.
+    let info = stdout_str(&a.cli(&["volume", "info", "vol", "--json"]));
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let served_by = info["served_by"].as_str().unwrap_or_default().to_string();
+    assert!(
+        served_by.contains(&a_data.display().to_string()),
+        "volume info says served_by {served_by:?}"
+    );
+    assert!(info["epoch"].as_u64().unwrap() >= 1, "{info}");
 
     // (b) A clean stop releases the lease: the other host opens the volume
     // at once, no TTL wait.
@@ -100,6 +109,12 @@ fn s3_second_server_is_refused_until_the_first_stops_cleanly() {
     );
     qemu_io_verify(&b.vol_uri(), &reads(&ws), "through the second server");
     b.stop();
+    let info = stdout_str(&b.cli(&["volume", "info", "vol", "--json"]));
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert!(
+        info["served_by"].is_null(),
+        "released after a clean stop: {info}"
+    );
     eprintln!("s3 lease refuse/release: {:.1?}", t.elapsed());
 }
 
