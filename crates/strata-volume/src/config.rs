@@ -27,7 +27,7 @@ pub struct VolumeConfig {
     pub cache_bytes: u64,
     /// Local-disk cache of segment data, shared by all volumes of a server:
     /// one file, `<data_dir>/cache/chunks`, emptied at startup. 0 disables
-    /// it. Its in-memory index costs about 5.3 MiB of RAM per GiB.
+    /// it. Its in-memory index costs about 7.3 MiB of RAM per GiB (index and admission filter).
     pub disk_cache_bytes: u64,
     /// Largest read-ahead window of a sequential reader (windows also stay
     /// within a quarter of `cache_bytes`). 0 disables read-ahead.

@@ -624,13 +624,25 @@ async fn data_evicted_from_ram_comes_from_the_disk_tier_verified() {
     .await;
     let engine = Engine::new(store, disk_config(dir.path())).unwrap();
     let vol = engine.open_volume("v").await.unwrap();
+    // First fetch of each chunk: RAM only (second-fetch admission), so a
+    // scan that reads data once writes nothing to disk.
+    let before = probe.counts();
+    scan(&vol, 4 * MIB, MIB).await;
+    engine.caches().settle().await;
+    assert_eq!(probe.since(before).data_gets, 4);
+    let s = engine.caches().stats();
+    assert_eq!(s.disk_chunks.insertions, 0, "{s:?}");
+    assert_eq!(s.disk_chunks.not_admitted, 1024, "{s:?}");
+    assert!(s.ram_chunks.evictions >= 768, "RAM holds 1 MiB: {s:?}");
+
+    // Second fetch (RAM lost it): now it goes to disk too.
     let before = probe.counts();
     scan(&vol, 4 * MIB, MIB).await;
     engine.caches().settle().await;
     assert_eq!(probe.since(before).data_gets, 4);
     let s = engine.caches().stats();
     assert_eq!(s.disk_chunks.insertions, 1024, "{s:?}");
-    assert!(s.ram_chunks.evictions >= 768, "RAM holds 1 MiB: {s:?}");
+    assert_eq!(s.disk_chunks.not_admitted, 1024, "{s:?}");
 
     // Again: what RAM lost comes from disk, without a GET.
     let before = probe.counts();
