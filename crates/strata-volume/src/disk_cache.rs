@@ -261,7 +261,10 @@ impl DiskCache {
         let base = (h >> 32) as usize % buckets * SEEN_WAYS;
         let bucket = &self.seen[base..base + SEEN_WAYS];
         let fingerprint = (h as u32) | 1;
-        if bucket.iter().any(|e| e.load(Ordering::Relaxed) == fingerprint) {
+        if bucket
+            .iter()
+            .any(|e| e.load(Ordering::Relaxed) == fingerprint)
+        {
             return true;
         }
         let victim = bucket
