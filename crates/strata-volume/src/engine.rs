@@ -94,7 +94,7 @@ impl Engine {
             name: name.to_string(),
             uuid: uuid::Uuid::new_v4().simple().to_string(),
             size_bytes,
-            created_unix_ms: unix_ms(),
+            created_unix_ms: crate::lease::now_ms(),
             checkpoint_seq: None,
             epoch: 0,
         };
@@ -276,10 +276,4 @@ impl Engine {
         let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;
         results.into_iter().collect()
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -341,6 +341,8 @@ pub(crate) struct Ownership {
     /// Writes are allowed until this many ms after `started`.
     valid_until_ms: AtomicU64,
     fenced: parking_lot::Mutex<Option<String>>,
+    /// `fenced.is_some()`, readable without the lock (every read checks it).
+    is_fenced: std::sync::atomic::AtomicBool,
     /// Set once the volume is closed and the lease given up.
     released: std::sync::atomic::AtomicBool,
     /// Woken when validity or fencing changes.
@@ -360,6 +362,7 @@ impl Ownership {
             started: sent_at,
             valid_until_ms: AtomicU64::new(0),
             fenced: parking_lot::Mutex::new(None),
+            is_fenced: std::sync::atomic::AtomicBool::new(false),
             released: std::sync::atomic::AtomicBool::new(false),
             changed: Notify::new(),
         };
@@ -389,11 +392,15 @@ impl Ownership {
     }
 
     pub fn fenced(&self) -> Option<String> {
+        if !self.is_fenced.load(Ordering::Acquire) {
+            return None;
+        }
         self.fenced.lock().clone()
     }
 
     pub fn fence(&self, detail: String) {
         self.fenced.lock().get_or_insert(detail);
+        self.is_fenced.store(true, Ordering::Release);
         self.changed.notify_waiters();
     }
 

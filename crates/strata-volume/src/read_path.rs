@@ -194,10 +194,6 @@ impl SharedCaches {
         self.chunks.stats()
     }
 
-    pub fn index_stats(&self) -> CacheStats {
-        self.indexes.stats()
-    }
-
     /// Every counter of the read path.
     pub fn stats(&self) -> ReadPathStats {
         let c = &self.counters;
