@@ -1,10 +1,17 @@
-//! Engine configuration: every budget and limit, with defaults.
+//! Engine configuration: every budget and limit, with defaults, and where a
+//! volume's local files live in the data directory.
+//!
+//! Depends only on `format/` (for layout minimums); every folder may use it.
 
 use std::path::PathBuf;
 
-use crate::journal::MIN_RING_BYTES;
+use crate::format::journal::MIN_RING_BYTES;
 
 const MIB: u64 = 1 << 20;
+/// A lease not renewed for this long is free to take (default).
+pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
+/// Shortest lease TTL accepted (tests use a few seconds).
+pub const MIN_LEASE_TTL_MS: u64 = 1_000;
 /// Read-ahead holds up to a few windows of GET buffers at once.
 const MAX_READAHEAD_BYTES: u64 = 64 * MIB;
 
@@ -70,7 +77,7 @@ impl VolumeConfig {
             max_parallel_uploads: 4,
             checkpoint_every_segments: 16,
             max_write_bytes: 32 * MIB,
-            lease_ttl_ms: crate::lease::DEFAULT_LEASE_TTL_MS,
+            lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             durability: Durability::Local,
         }
     }
@@ -100,11 +107,10 @@ impl VolumeConfig {
         if !self.journal_bytes.is_multiple_of(4096) {
             return Err("journal size must be a multiple of 4 KiB".into());
         }
-        if self.lease_ttl_ms < crate::lease::MIN_LEASE_TTL_MS {
+        if self.lease_ttl_ms < MIN_LEASE_TTL_MS {
             return Err(format!(
                 "lease TTL must be at least {} ms (got {})",
-                crate::lease::MIN_LEASE_TTL_MS,
-                self.lease_ttl_ms
+                MIN_LEASE_TTL_MS, self.lease_ttl_ms
             ));
         }
         if self.max_parallel_uploads == 0 || self.checkpoint_every_segments == 0 {
@@ -132,6 +138,21 @@ impl VolumeConfig {
     /// Where the disk cache file lives.
     pub fn cache_dir(&self) -> PathBuf {
         self.data_dir.join("cache")
+    }
+
+    /// The journal file of volume `name` (instance `uuid`).
+    pub fn journal_path(&self, name: &str, uuid: &[u8; 16]) -> PathBuf {
+        self.local_path(name, uuid, "journal")
+    }
+
+    /// The local lock file of volume `name` (instance `uuid`).
+    pub fn lock_path(&self, name: &str, uuid: &[u8; 16]) -> PathBuf {
+        self.local_path(name, uuid, "lock")
+    }
+
+    fn local_path(&self, name: &str, uuid: &[u8; 16], ext: &str) -> PathBuf {
+        let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+        self.journal_dir().join(format!("{name}-{hex}.{ext}"))
     }
 }
 

@@ -12,12 +12,14 @@ use serde::Serialize;
 use strata_store::{validate_volume_name, ObjectNames, Store};
 use tokio::sync::OnceCell;
 
+use crate::clock::now_ms;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
-use crate::manifest::Manifest;
-use crate::read_path::SharedCaches;
-use crate::recovery::{journal_path, list_segments, read_manifest, store_error, take_ownership};
-use crate::volume::Volume;
+use crate::format::manifest::Manifest;
+use crate::objects::{list_segments, read_manifest, store_error};
+use crate::ownership::{read_lease, take_ownership};
+use crate::read::{ReadPathStats, SharedCaches};
+use crate::volume::{Volume, VolumeStats};
 
 /// Largest volume accepted: 1 PiB.
 pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
@@ -42,8 +44,8 @@ pub struct VolumeInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineStats {
     pub store: strata_store::StoreStats,
-    pub read_path: crate::read_path::ReadPathStats,
-    pub volumes: std::collections::BTreeMap<String, crate::volume::VolumeStats>,
+    pub read_path: ReadPathStats,
+    pub volumes: std::collections::BTreeMap<String, VolumeStats>,
 }
 
 pub struct Engine {
@@ -94,7 +96,7 @@ impl Engine {
             name: name.to_string(),
             uuid: uuid::Uuid::new_v4().simple().to_string(),
             size_bytes,
-            created_unix_ms: crate::lease::now_ms(),
+            created_unix_ms: now_ms(),
             checkpoint_seq: None,
             epoch: 0,
         };
@@ -161,8 +163,8 @@ impl Engine {
         let names = ObjectNames::new(name);
         let segs = list_segments(&self.store, &names).await?;
         // An unreadable lease is reported, not fatal: info must still work.
-        let served_by = match crate::lease::read_lease(&self.store, &names).await {
-            Ok(lease) => lease.and_then(|(l, _)| l.live_holder()),
+        let served_by = match read_lease(&self.store, &names).await {
+            Ok(lease) => lease.and_then(|(l, _)| l.live_holder(now_ms())),
             Err(e) => Some(format!("unknown ({e})")),
         };
         Ok(VolumeInfo {
@@ -211,7 +213,7 @@ impl Engine {
             }
         }
         {
-            let jpath = journal_path(&self.config, name, &uuid);
+            let jpath = self.config.journal_path(name, &uuid);
             match std::fs::remove_file(&jpath) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -1,6 +1,6 @@
 //! Errors of the engine. Each says what failed and, where it can, what to do.
-
-use crate::journal::JournalError;
+//!
+//! A leaf: every folder may use it, it uses nothing of the crate.
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -57,4 +57,25 @@ impl From<VolumeError> for std::io::Error {
     fn from(e: VolumeError) -> Self {
         std::io::Error::new(e.io_kind(), e.to_string())
     }
+}
+
+/// Errors of a volume's local journal file.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal {path}: {what}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("journal {path} is corrupt or foreign: {detail}")]
+    Invalid {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+    #[error("journal {path} failed earlier and accepts no more writes: {detail}")]
+    Failed {
+        path: std::path::PathBuf,
+        detail: String,
+    },
 }

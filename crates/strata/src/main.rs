@@ -14,7 +14,7 @@ use strata_store::{FaultConfig, LayerConfig, RetryPolicy, Store};
 use strata_volume::{Durability, Engine, VolumeConfig};
 
 use crate::cli::{Cli, Command, DurabilityArg, ServeArgs, VolumeCommand};
-use crate::size::{format_size, parse_size};
+use crate::size::{format_size, size_option};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -126,11 +126,6 @@ fn auto_size(option: &str, value: &str, remote: bool, remote_default: u64) -> an
         return Ok(if remote { remote_default } else { 0 });
     }
     size_option(option, value)
-}
-
-/// Parses a size option, naming it in the error.
-pub(crate) fn size_option(option: &str, value: &str) -> anyhow::Result<u64> {
-    parse_size(value).map_err(|e| anyhow::anyhow!("{option}: {e}"))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -9,7 +9,7 @@ use strata_volume::{Engine, EngineStats, VolumeError, VolumeInfo};
 
 use crate::cli::ServeArgs;
 use crate::nbd_volume::VolumeExports;
-use crate::size::parse_size;
+use crate::size::{parse_size, size_option};
 
 pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     let engine = Arc::new(engine);
@@ -19,10 +19,7 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     let addrs = listen_addrs(&engine, args)?;
     let config = ServerConfig {
         max_in_flight_per_connection: args.max_in_flight.max(1),
-        max_in_flight_bytes: crate::size_option(
-            "--max-in-flight-bytes",
-            &args.max_in_flight_bytes,
-        )?,
+        max_in_flight_bytes: size_option("--max-in-flight-bytes", &args.max_in_flight_bytes)?,
         max_connections: args.max_connections,
         reply_stall_timeout_ms: args.reply_stall_timeout_ms,
         ..ServerConfig::default()

@@ -3,6 +3,11 @@
 //! K, M, G, T and P are powers of 1024 with or without `iB` (or `B`), as
 //! qemu-img reads them: disk sizes are binary. Case does not matter.
 
+/// Parses a size option, naming it in the error.
+pub fn size_option(option: &str, value: &str) -> anyhow::Result<u64> {
+    parse_size(value).map_err(|e| anyhow::anyhow!("{option}: {e}"))
+}
+
 /// Parses a size; the error says what is accepted.
 pub fn parse_size(input: &str) -> Result<u64, String> {
     let s = input.trim();

@@ -55,7 +55,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::error::VolumeError;
-use crate::segment::CHUNK_BYTES;
+use crate::format::segment::CHUNK_BYTES;
 
 /// Slots per set: enough ways that conflict misses are rare, few enough
 /// that a lookup scans one cache line's worth of keys.

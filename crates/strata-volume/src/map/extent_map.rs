@@ -256,7 +256,6 @@ impl ExtentMap {
             .sum()
     }
 
-    #[cfg(test)]
     pub fn check_invariants(&self) {
         let mut prev_end = 0u64;
         for (&k, e) in &self.map {

@@ -27,9 +27,9 @@
 //!          16 4 data offset   20 4 length
 //! ```
 
-use crate::extent_map::{ExtentMap, ExtentRecord, Target, MAX_EXTENT_BYTES};
-use crate::journal::{le_u32, le_u64};
-use crate::segment::JournalSpan;
+use super::bytes::{array16, le_u32, le_u64};
+use super::segment::JournalSpan;
+use crate::map::{ExtentMap, ExtentRecord, Target, MAX_EXTENT_BYTES};
 
 const MAGIC: &[u8; 8] = b"STRATCKP";
 const VERSION: u16 = 1;
@@ -88,15 +88,11 @@ pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
     if crc32c::crc32c(&b[0..100]) != le_u32(&b[100..104]) {
         return Err("checkpoint header checksum mismatch".into());
     }
-    let mut uuid = [0u8; 16];
-    uuid.copy_from_slice(&b[24..40]);
-    let mut journal_id = [0u8; 16];
-    journal_id.copy_from_slice(&b[40..56]);
     let info = CheckpointInfo {
         seq: le_u64(&b[16..24]),
-        volume_uuid: uuid,
+        volume_uuid: array16(&b[24..40]),
         span: JournalSpan {
-            journal_id,
+            journal_id: array16(&b[40..56]),
             first_jseq: le_u64(&b[56..64]),
             last_jseq: le_u64(&b[64..72]),
             end_lpos: le_u64(&b[72..80]),

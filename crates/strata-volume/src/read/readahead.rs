@@ -20,24 +20,18 @@
 //!    reader arriving before they land waits instead of fetching again);
 //! 3. fetched by a background task through the read path's verified fetch.
 //!
+//! This file is the policy (streams, windows, the bound, counters);
+//! `prefetch.rs` does steps 1-3.
+//!
 //! A window that finds every prefetch slot busy is skipped (counted), never
 //! queued.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::StreamExt;
 use serde::Serialize;
 use tokio::sync::Semaphore;
-
-use crate::disk_cache::DiskKey;
-use crate::extent_map::Target;
-use crate::inflight::Claim;
-use crate::read_path::{ChunkKey, RunBytes, SharedCaches, VolumeReader};
-use crate::segment::CHUNK_BYTES;
-use crate::volume::Volume;
 
 /// Read streams tracked per volume.
 pub const STREAMS: usize = 8;
@@ -45,11 +39,6 @@ pub const STREAMS: usize = 8;
 pub const MIN_WINDOW_BYTES: u64 = 256 << 10;
 /// Windows being fetched at once, server-wide.
 const MAX_WINDOWS_IN_FLIGHT: usize = 4;
-/// Stored pieces one window collects at most (a window over a volume of
-/// tiny extents stops early rather than holding the lock long).
-const MAX_WINDOW_PIECES: usize = 4096;
-/// GETs of one window in flight at once.
-const MAX_WINDOW_GETS: usize = 4;
 
 /// Read-ahead counters.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
@@ -66,10 +55,10 @@ pub struct ReadAheadStats {
 
 /// Server-wide read-ahead settings, bound and counters.
 pub(crate) struct ReadAhead {
-    max_window_bytes: u64,
-    slots: Arc<Semaphore>,
-    windows_issued: AtomicU64,
-    windows_skipped: AtomicU64,
+    pub(crate) max_window_bytes: u64,
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) windows_issued: AtomicU64,
+    pub(crate) windows_skipped: AtomicU64,
     bytes_prefetched: AtomicU64,
 }
 
@@ -161,114 +150,6 @@ impl Streams {
         }
         s.prefetched_until = stop;
         Some(start..stop)
-    }
-}
-
-/// Claimed runs of one segment to prefetch.
-type SegmentRuns = (u64, Vec<(Range<u64>, Claim<ChunkKey, RunBytes>)>);
-
-impl Volume {
-    /// Notes a read of `[offset, offset+len)` and, for a sequential reader,
-    /// starts fetching the next window in the background. Never waits and
-    /// does no I/O itself.
-    pub(crate) fn start_readahead(&self, reader: &Arc<VolumeReader>, offset: u64, len: u64) {
-        let ra = &self.caches.readahead;
-        if ra.max_window_bytes == 0 || len == 0 {
-            return;
-        }
-        let window =
-            reader
-                .streams
-                .lock()
-                .observe(offset, len, ra.max_window_bytes, self.size_bytes);
-        let Some(window) = window else { return };
-        let Ok(permit) = ra.slots.clone().try_acquire_owned() else {
-            ra.windows_skipped.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let plan = claim_window(&self.caches, reader, self.stored_pieces(window));
-        if plan.is_empty() {
-            return;
-        }
-        ra.windows_issued.fetch_add(1, Ordering::Relaxed);
-        let caches = self.caches.clone();
-        let reader = reader.clone();
-        let job = caches.background.start();
-        tokio::spawn(async move {
-            prefetch(&caches, &reader, plan).await;
-            drop((permit, job));
-        });
-    }
-
-    /// Stored pieces `(seq, segment offset, len)` of a volume range, looked
-    /// up under the volume lock.
-    fn stored_pieces(&self, range: Range<u64>) -> Vec<(u64, u64, u64)> {
-        let mut out = Vec::new();
-        let st = self.state.lock();
-        st.map.lookup(range.start, range.end - range.start, |p| {
-            if let Some(Target::Data { seq, offset }) = p.target {
-                let in_memory = seq == st.open.seq || st.sealed.contains_key(&seq);
-                if !in_memory && out.len() < MAX_WINDOW_PIECES {
-                    out.push((seq, offset, p.len));
-                }
-            }
-        });
-        out
-    }
-}
-
-/// Claims the chunks of `pieces` no tier has and nobody is fetching.
-fn claim_window(
-    caches: &SharedCaches,
-    reader: &VolumeReader,
-    pieces: Vec<(u64, u64, u64)>,
-) -> Vec<SegmentRuns> {
-    let mut by_seq: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-    for (seq, offset, len) in pieces {
-        let chunks = offset / CHUNK_BYTES..=(offset + len - 1) / CHUNK_BYTES;
-        by_seq.entry(seq).or_default().extend(chunks);
-    }
-    let mut plan = Vec::new();
-    for (seq, mut numbers) in by_seq {
-        numbers.sort_unstable();
-        numbers.dedup();
-        let cached = |c: u64| {
-            caches.chunks.contains(&(reader.uuid, seq, c))
-                || DiskKey::new(reader.disk_id, seq, c).is_some_and(|k| caches.disk.contains(&k))
-        };
-        let missing: Vec<usize> = (0..numbers.len())
-            .filter(|&i| !cached(numbers[i]))
-            .collect();
-        // Chunks others are fetching come back as waits: nothing to do.
-        let runs = caches
-            .plan_fetch(reader.uuid, seq, &numbers, &missing, false)
-            .runs;
-        if !runs.is_empty() {
-            plan.push((seq, runs));
-        }
-    }
-    plan
-}
-
-/// Fetches claimed runs into the caches. Errors only end the prefetch (the
-/// claims drop, and readers waiting for them fetch for themselves).
-async fn prefetch(caches: &SharedCaches, reader: &VolumeReader, plan: Vec<SegmentRuns>) {
-    for (seq, runs) in plan {
-        let idx = match reader.segment_index(caches, seq).await {
-            Ok(idx) => idx,
-            Err(e) => {
-                tracing::debug!(volume = %reader.name, seq, error = %e, "read-ahead stopped");
-                return;
-            }
-        };
-        let results: Vec<_> = futures::stream::iter(runs)
-            .map(|(run, claim)| reader.fetch_run(caches, &idx, seq, run, claim, true))
-            .buffer_unordered(MAX_WINDOW_GETS)
-            .collect()
-            .await;
-        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
-            tracing::debug!(volume = %reader.name, seq, error = %e, "read-ahead fetch failed");
-        }
     }
 }
 

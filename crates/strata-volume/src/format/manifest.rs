@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::envelope;
+use super::envelope;
 
 const MAGIC: &[u8; 8] = b"STRATMAN";
 pub const MAX_BODY_BYTES: usize = 1 << 20;

@@ -11,7 +11,7 @@
 //! 20  .. body: UTF-8 JSON
 //! ```
 
-use crate::journal::le_u32;
+use super::bytes::le_u32;
 
 const VERSION: u16 = 1;
 const ENVELOPE_BYTES: usize = 20;

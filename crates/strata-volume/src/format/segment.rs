@@ -1,8 +1,8 @@
 //! Segments: the immutable objects volume data lives in.
 //!
-//! This module owns the open segment (the in-memory tail of the log that
-//! writes go into), its sealing into an immutable object, and the decoding
-//! and verification of segment objects read back from the store.
+//! This module owns the byte layout of a segment object: encoding its
+//! header, and decoding and verifying what is read back from the store.
+//! No I/O; the in-memory tail of the log is `write/open_segment.rs`.
 //!
 //! ## Object layout (little endian)
 //!
@@ -31,11 +31,7 @@
 //! Every 4 KiB chunk of data is verified against its CRC when read from the
 //! store, so a corrupt object is reported, never served.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
-
-use crate::journal::{le_u32, le_u64};
+use super::bytes::{array16, le_u32, le_u64};
 
 pub const CHUNK_BYTES: u64 = 4096;
 pub const FIXED_HEADER_BYTES: usize = 104;
@@ -71,150 +67,57 @@ pub struct JournalSpan {
     pub end_lpos: u64,
 }
 
-/// The tail of the log, in memory.
-#[derive(Debug)]
-pub struct OpenSegment {
-    pub seq: u64,
-    pub data: Vec<u8>,
-    pub entries: Vec<Entry>,
-    pub span: JournalSpan,
-    /// Journal bytes the entries cost: what the write buffer budget counts.
-    pub cost_bytes: u64,
-    pub opened_at: std::time::Instant,
+/// The header of segment `seq` of volume `volume_uuid` holding `entries`
+/// and `data` (the data area follows it in the object).
+pub fn encode_header(
+    seq: u64,
+    volume_uuid: &[u8; 16],
+    span: &JournalSpan,
+    entries: &[Entry],
+    data: &[u8],
+) -> Vec<u8> {
+    let chunk_count = data.len().div_ceil(CHUNK_BYTES as usize);
+    let header_bytes = FIXED_HEADER_BYTES + 4 * chunk_count + ENTRY_BYTES * entries.len();
+    let mut h = Vec::with_capacity(header_bytes);
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&VERSION.to_le_bytes());
+    h.extend_from_slice(&0u16.to_le_bytes());
+    h.extend_from_slice(&(header_bytes as u32).to_le_bytes());
+    h.extend_from_slice(&seq.to_le_bytes());
+    h.extend_from_slice(volume_uuid);
+    h.extend_from_slice(&span.journal_id);
+    h.extend_from_slice(&span.first_jseq.to_le_bytes());
+    h.extend_from_slice(&span.last_jseq.to_le_bytes());
+    h.extend_from_slice(&span.end_lpos.to_le_bytes());
+    h.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    h.extend_from_slice(&(chunk_count as u32).to_le_bytes());
+    h.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    h.extend_from_slice(&[0u8; 8]);
+    for chunk in data.chunks(CHUNK_BYTES as usize) {
+        h.extend_from_slice(&crc32c::crc32c(chunk).to_le_bytes());
+    }
+    for e in entries {
+        encode_entry(&mut h, e);
+    }
+    debug_assert_eq!(h.len(), header_bytes);
+    let tables_crc = crc32c::crc32c(&h[FIXED_HEADER_BYTES..]);
+    h[96..100].copy_from_slice(&tables_crc.to_le_bytes());
+    let header_crc = crc32c::crc32c(&h[0..100]);
+    h[100..104].copy_from_slice(&header_crc.to_le_bytes());
+    h
 }
 
-impl OpenSegment {
-    /// A new open segment writing into `buffer` (emptied; recycled buffers
-    /// avoid touching fresh memory for every segment).
-    pub fn new(seq: u64, mut buffer: Vec<u8>, journal_id: [u8; 16]) -> Self {
-        buffer.clear();
-        OpenSegment {
-            seq,
-            data: buffer,
-            entries: Vec::new(),
-            span: JournalSpan {
-                journal_id,
-                ..JournalSpan::default()
-            },
-            cost_bytes: 0,
-            opened_at: std::time::Instant::now(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Appends an operation; returns the data offset of a write's bytes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn push(
-        &mut self,
-        kind: EntryKind,
-        offset: u64,
-        len: u64,
-        data: &[u8],
-        cost_bytes: u64,
-        jseq: u64,
-        end_lpos: u64,
-    ) -> u64 {
-        let data_offset = self.data.len() as u64;
-        if kind == EntryKind::Write {
-            debug_assert_eq!(data.len() as u64, len);
-            self.data.extend_from_slice(data);
-        }
-        self.entries.push(Entry {
-            kind,
-            offset,
-            len,
-            data_offset,
-        });
-        if self.span.first_jseq == 0 {
-            self.span.first_jseq = jseq;
-        }
-        debug_assert!(jseq > self.span.last_jseq);
-        self.span.last_jseq = jseq;
-        self.span.end_lpos = end_lpos;
-        self.cost_bytes += cost_bytes;
-        data_offset
-    }
-
-    pub fn seal(self) -> SealedSegment {
-        SealedSegment {
-            seq: self.seq,
-            data: Arc::new(self.data),
-            entries: self.entries,
-            span: self.span,
-            cost_bytes: self.cost_bytes,
-        }
-    }
-}
-
-/// A sealed segment, in memory until its upload is done.
-#[derive(Debug)]
-pub struct SealedSegment {
-    pub seq: u64,
-    pub data: Arc<Vec<u8>>,
-    pub entries: Vec<Entry>,
-    pub span: JournalSpan,
-    pub cost_bytes: u64,
-}
-
-/// Lets a sealed segment's buffer be an upload payload without a copy.
-struct SharedData(Arc<Vec<u8>>);
-
-impl AsRef<[u8]> for SharedData {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl SealedSegment {
-    /// The data area as `Bytes` sharing this segment's buffer.
-    pub fn data_bytes(&self) -> Bytes {
-        Bytes::from_owner(SharedData(self.data.clone()))
-    }
-
-    /// The header of the object (the data area follows it).
-    pub fn encode_header(&self, volume_uuid: &[u8; 16]) -> Vec<u8> {
-        let chunk_count = self.data.len().div_ceil(CHUNK_BYTES as usize);
-        let header_bytes = FIXED_HEADER_BYTES + 4 * chunk_count + ENTRY_BYTES * self.entries.len();
-        let mut h = Vec::with_capacity(header_bytes);
-        h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&VERSION.to_le_bytes());
-        h.extend_from_slice(&0u16.to_le_bytes());
-        h.extend_from_slice(&(header_bytes as u32).to_le_bytes());
-        h.extend_from_slice(&self.seq.to_le_bytes());
-        h.extend_from_slice(volume_uuid);
-        h.extend_from_slice(&self.span.journal_id);
-        h.extend_from_slice(&self.span.first_jseq.to_le_bytes());
-        h.extend_from_slice(&self.span.last_jseq.to_le_bytes());
-        h.extend_from_slice(&self.span.end_lpos.to_le_bytes());
-        h.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
-        h.extend_from_slice(&(chunk_count as u32).to_le_bytes());
-        h.extend_from_slice(&(self.data.len() as u64).to_le_bytes());
-        h.extend_from_slice(&[0u8; 8]);
-        for chunk in self.data.chunks(CHUNK_BYTES as usize) {
-            h.extend_from_slice(&crc32c::crc32c(chunk).to_le_bytes());
-        }
-        for e in &self.entries {
-            let kind: u8 = match e.kind {
-                EntryKind::Write => 1,
-                EntryKind::Zero => 2,
-                EntryKind::Unmap => 3,
-            };
-            h.push(kind);
-            h.extend_from_slice(&[0u8; 7]);
-            h.extend_from_slice(&e.offset.to_le_bytes());
-            h.extend_from_slice(&e.len.to_le_bytes());
-            h.extend_from_slice(&e.data_offset.to_le_bytes());
-        }
-        debug_assert_eq!(h.len(), header_bytes);
-        let tables_crc = crc32c::crc32c(&h[FIXED_HEADER_BYTES..]);
-        h[96..100].copy_from_slice(&tables_crc.to_le_bytes());
-        let header_crc = crc32c::crc32c(&h[0..100]);
-        h[100..104].copy_from_slice(&header_crc.to_le_bytes());
-        h
-    }
+fn encode_entry(h: &mut Vec<u8>, e: &Entry) {
+    let kind: u8 = match e.kind {
+        EntryKind::Write => 1,
+        EntryKind::Zero => 2,
+        EntryKind::Unmap => 3,
+    };
+    h.push(kind);
+    h.extend_from_slice(&[0u8; 7]);
+    h.extend_from_slice(&e.offset.to_le_bytes());
+    h.extend_from_slice(&e.len.to_le_bytes());
+    h.extend_from_slice(&e.data_offset.to_le_bytes());
 }
 
 /// The fixed part of a segment header, verified.
@@ -248,9 +151,9 @@ impl FixedHeader {
         let h = FixedHeader {
             header_bytes: le_u32(&b[12..16]),
             seq: le_u64(&b[16..24]),
-            volume_uuid: to16(&b[24..40]),
+            volume_uuid: array16(&b[24..40]),
             span: JournalSpan {
-                journal_id: to16(&b[40..56]),
+                journal_id: array16(&b[40..56]),
                 first_jseq: le_u64(&b[56..64]),
                 last_jseq: le_u64(&b[64..72]),
                 end_lpos: le_u64(&b[72..80]),
@@ -274,12 +177,6 @@ impl FixedHeader {
         }
         Ok(h)
     }
-}
-
-fn to16(b: &[u8]) -> [u8; 16] {
-    let mut a = [0u8; 16];
-    a.copy_from_slice(&b[..16]);
-    a
 }
 
 /// What reading a segment needs: where data starts and the chunk CRCs.
@@ -368,19 +265,52 @@ impl SegmentIndex {
 mod tests {
     use super::*;
 
-    fn sample() -> SealedSegment {
-        let mut s = OpenSegment::new(7, Vec::new(), [9; 16]);
+    struct Sample {
+        entries: Vec<Entry>,
+        data: Vec<u8>,
+        header: Vec<u8>,
+    }
+
+    fn sample() -> Sample {
         let data: Vec<u8> = (0..10000u32).map(|i| (i * 7) as u8).collect();
-        s.push(EntryKind::Write, 4096, data.len() as u64, &data, 1, 1, 100);
-        s.push(EntryKind::Unmap, 0, 1 << 20, &[], 1, 2, 140);
-        s.push(EntryKind::Zero, 1 << 20, 512, &[], 1, 3, 180);
-        s.seal()
+        let entries = vec![
+            Entry {
+                kind: EntryKind::Write,
+                offset: 4096,
+                len: data.len() as u64,
+                data_offset: 0,
+            },
+            Entry {
+                kind: EntryKind::Unmap,
+                offset: 0,
+                len: 1 << 20,
+                data_offset: 10000,
+            },
+            Entry {
+                kind: EntryKind::Zero,
+                offset: 1 << 20,
+                len: 512,
+                data_offset: 10000,
+            },
+        ];
+        let span = JournalSpan {
+            journal_id: [9; 16],
+            first_jseq: 1,
+            last_jseq: 3,
+            end_lpos: 180,
+        };
+        let header = encode_header(7, &[5; 16], &span, &entries, &data);
+        Sample {
+            entries,
+            data,
+            header,
+        }
     }
 
     #[test]
     fn header_round_trips_and_verifies_chunks() {
         let s = sample();
-        let h = s.encode_header(&[5; 16]);
+        let h = s.header.clone();
         let fixed = FixedHeader::decode(&h).unwrap();
         assert_eq!(fixed.seq, 7);
         assert_eq!(fixed.span.last_jseq, 3);
@@ -402,7 +332,7 @@ mod tests {
     #[test]
     fn corrupt_headers_are_rejected() {
         let s = sample();
-        let h = s.encode_header(&[5; 16]);
+        let h = s.header.clone();
         for i in [0usize, 9, 13, 50, 99, 101] {
             let mut b = h.clone();
             b[i] ^= 0x40;

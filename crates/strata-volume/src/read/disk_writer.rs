@@ -15,8 +15,8 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::disk_cache::{DiskCache, DiskKey};
-use crate::read_path::BackgroundJob;
+use super::background::BackgroundJob;
+use super::disk_cache::{DiskCache, DiskKey};
 
 /// Chunk bytes queued for the writer at most.
 pub(crate) const MAX_QUEUED_BYTES: u64 = 64 << 20;

@@ -1,0 +1,84 @@
+//! Entry points for the fuzz targets (`crates/strata-volume/fuzz`) and the
+//! randomized test below: every decoder of this folder run over arbitrary
+//! bytes. Nothing may panic; what decodes must survive a re-encode and
+//! decode unchanged.
+
+use super::checkpoint;
+use super::envelope;
+use super::journal::{RecordHeader, Superblock, RECORD_HEADER_BYTES};
+use super::lease::Lease;
+use super::manifest::Manifest;
+use super::segment::{FixedHeader, SegmentIndex, CHUNK_BYTES, FIXED_HEADER_BYTES};
+
+/// Every decoder on `data`.
+pub fn decode_everything(data: &[u8]) {
+    decode_segment(data);
+    decode_checkpoint(data);
+    decode_envelopes(data);
+    decode_journal(data);
+}
+
+/// A segment header, its tables, and chunk verification of what follows.
+pub fn decode_segment(data: &[u8]) {
+    let Ok(fixed) = FixedHeader::decode(data) else {
+        return;
+    };
+    let end = (fixed.header_bytes as usize).min(data.len());
+    let tables = data.get(FIXED_HEADER_BYTES..end).unwrap_or_default();
+    for volume_size_bytes in [0, 1 << 20, u64::MAX] {
+        let Ok((idx, entries)) = SegmentIndex::decode_tables(fixed, tables, volume_size_bytes)
+        else {
+            continue;
+        };
+        assert_eq!(entries.len(), fixed.entry_count as usize);
+        let body = data.get(end..).unwrap_or_default();
+        let _ = idx.verify(0, body);
+        let _ = idx.verify(u64::from(fixed.chunk_count), body);
+        if fixed.chunk_count > 0 {
+            let last = u64::from(fixed.chunk_count) - 1;
+            let r = idx.chunk_range(0, last);
+            assert!(r.end - r.start <= fixed.data_bytes.max(CHUNK_BYTES));
+        }
+    }
+}
+
+/// A checkpoint; what decodes re-encodes to an equal checkpoint.
+pub fn decode_checkpoint(data: &[u8]) {
+    let Ok((info, map)) = checkpoint::decode(data) else {
+        return;
+    };
+    map.check_invariants();
+    let again = checkpoint::encode(&info, &map);
+    let (info2, map2) = match checkpoint::decode(&again) {
+        Ok(d) => d,
+        Err(e) => panic!("re-encoded checkpoint does not decode: {e}"),
+    };
+    assert_eq!(info, info2);
+    assert!(map.iter().eq(map2.iter()));
+}
+
+/// The envelope and the JSON objects inside it (manifest, lease).
+pub fn decode_envelopes(data: &[u8]) {
+    let _ = envelope::decode(b"STRATMAN", "manifest", 1 << 20, data);
+    if let Ok(m) = Manifest::decode(data) {
+        assert_eq!(Manifest::decode(&m.encode()).ok(), Some(m));
+    }
+    if let Ok(l) = Lease::decode(data) {
+        assert_eq!(Lease::decode(&l.encode()).ok(), Some(l));
+    }
+}
+
+/// A journal superblock and a record header with its payload.
+pub fn decode_journal(data: &[u8]) {
+    if let Ok(sb) = Superblock::decode(data) {
+        assert_eq!(Superblock::decode(&sb.encode()).ok(), Some(sb));
+    }
+    if let Some(h) = RecordHeader::decode(data) {
+        let header = &data[..RECORD_HEADER_BYTES as usize];
+        let end = (RECORD_HEADER_BYTES as usize).saturating_add(h.payload_bytes as usize);
+        if let Some(payload) = data.get(RECORD_HEADER_BYTES as usize..end) {
+            let _ = h.verify(&[0; 16], header, payload);
+        }
+        assert!(h.record_bytes() >= RECORD_HEADER_BYTES);
+    }
+}

@@ -1,0 +1,247 @@
+//! The journal file's byte layout: superblock and records.
+//!
+//! Encoding, decoding and verification only; the file itself (ring, group
+//! commit, scan) belongs to `write/journal*.rs`.
+//!
+//! ## File layout
+//!
+//! ```text
+//! [0, 4096)            superblock
+//! [4096, 4096+ring)    ring of records; logical position `lpos` maps to
+//!                      ring offset lpos % ring_bytes
+//!
+//! superblock (little endian):
+//!   0  8  magic "STRATJNL"
+//!   8  2  version (1)
+//!  10  6  reserved, zero
+//!  16 16  volume uuid
+//!  32 16  journal id (random per journal file instance)
+//!  48  8  ring_bytes
+//!  56  8  start_jseq: sequence number of the first record ever written
+//!  64  4  CRC32C of bytes [0, 64)
+//!
+//! record (8-byte aligned, never split by the ring's end):
+//!   0  4  magic 0x4A524543
+//!   4  1  kind: 1 write, 2 zero (allocated), 3 unmap, 4 wrap
+//!   5  3  reserved, zero
+//!   8  8  jseq (a wrap record carries the jseq of the record after it)
+//!  16  8  volume byte offset
+//!  24  8  length in bytes of the range
+//!  32  4  payload bytes (= length for writes, 0 otherwise)
+//!  36  4  CRC32C seeded with the journal id, over bytes [0, 36) and payload
+//!  40  .. payload, then zero padding to a multiple of 8
+//! ```
+//! A record that does not fit before the ring's end is preceded by a wrap
+//! record (or, with fewer than 40 bytes left, by nothing) and starts at ring
+//! offset 0. Recovery scans from a position the store remembers (the
+//! `journal_end_lpos` of the last segment it holds) and stops at the first
+//! record whose magic, CRC or jseq is not the expected one; stale records
+//! of an earlier lap have a smaller jseq, and those of an earlier journal
+//! instance fail the CRC because the journal id seeds it.
+
+use super::bytes::{array16, le_u32, le_u64};
+
+pub const SUPERBLOCK_BYTES: u64 = 4096;
+/// Bytes of the superblock that carry data (the rest of its 4 KiB is zero).
+pub const SUPERBLOCK_USED_BYTES: usize = 68;
+pub const RECORD_HEADER_BYTES: u64 = 40;
+const JOURNAL_MAGIC: &[u8; 8] = b"STRATJNL";
+const JOURNAL_VERSION: u16 = 1;
+const RECORD_MAGIC: u32 = 0x4A52_4543;
+/// Smallest ring accepted.
+pub const MIN_RING_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecordKind {
+    Write = 1,
+    Zero = 2,
+    Unmap = 3,
+    Wrap = 4,
+}
+
+impl RecordKind {
+    fn from_u8(v: u8) -> Option<RecordKind> {
+        Some(match v {
+            1 => RecordKind::Write,
+            2 => RecordKind::Zero,
+            3 => RecordKind::Unmap,
+            4 => RecordKind::Wrap,
+            _ => return None,
+        })
+    }
+}
+
+/// Bytes a record with `payload_bytes` of payload occupies in the ring.
+pub fn record_bytes(payload_bytes: usize) -> u64 {
+    (RECORD_HEADER_BYTES + payload_bytes as u64 + 7) & !7
+}
+
+/// The identity and geometry a superblock records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superblock {
+    pub volume_uuid: [u8; 16],
+    pub journal_id: [u8; 16],
+    pub ring_bytes: u64,
+    pub start_jseq: u64,
+}
+
+impl Superblock {
+    /// The whole 4 KiB superblock.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; SUPERBLOCK_BYTES as usize];
+        b[0..8].copy_from_slice(JOURNAL_MAGIC);
+        b[8..10].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+        b[16..32].copy_from_slice(&self.volume_uuid);
+        b[32..48].copy_from_slice(&self.journal_id);
+        b[48..56].copy_from_slice(&self.ring_bytes.to_le_bytes());
+        b[56..64].copy_from_slice(&self.start_jseq.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..64]);
+        b[64..68].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Superblock, String> {
+        if b.len() < SUPERBLOCK_USED_BYTES || &b[0..8] != JOURNAL_MAGIC {
+            return Err("bad superblock magic".into());
+        }
+        let version = u16::from_le_bytes([b[8], b[9]]);
+        if version != JOURNAL_VERSION {
+            return Err(format!("unsupported journal version {version}"));
+        }
+        if le_u32(&b[64..68]) != crc32c::crc32c(&b[0..64]) {
+            return Err("superblock checksum mismatch".into());
+        }
+        let sb = Superblock {
+            volume_uuid: array16(&b[16..32]),
+            journal_id: array16(&b[32..48]),
+            ring_bytes: le_u64(&b[48..56]),
+            start_jseq: le_u64(&b[56..64]),
+        };
+        if sb.ring_bytes < MIN_RING_BYTES || !sb.ring_bytes.is_multiple_of(8) {
+            return Err(format!("implausible ring size {}", sb.ring_bytes));
+        }
+        Ok(sb)
+    }
+}
+
+/// A record header as read from the ring, before its payload is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub kind: RecordKind,
+    pub jseq: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub payload_bytes: u32,
+    crc: u32,
+}
+
+impl RecordHeader {
+    /// Decodes a header; `None` where no valid record starts (the end of
+    /// the log during a scan, not an error).
+    pub fn decode(h: &[u8]) -> Option<RecordHeader> {
+        if h.len() < RECORD_HEADER_BYTES as usize || le_u32(&h[0..4]) != RECORD_MAGIC {
+            return None;
+        }
+        let header = RecordHeader {
+            kind: RecordKind::from_u8(h[4])?,
+            jseq: le_u64(&h[8..16]),
+            offset: le_u64(&h[16..24]),
+            len: le_u64(&h[24..32]),
+            payload_bytes: le_u32(&h[32..36]),
+            crc: le_u32(&h[36..40]),
+        };
+        // A write carries exactly its range; nothing else carries bytes.
+        let payload_ok = match header.kind {
+            RecordKind::Write => header.len == u64::from(header.payload_bytes),
+            _ => true,
+        };
+        payload_ok.then_some(header)
+    }
+
+    /// Bytes the whole record occupies in the ring.
+    pub fn record_bytes(&self) -> u64 {
+        record_bytes(self.payload_bytes as usize)
+    }
+
+    /// Whether `payload` (and `raw_header`, the 40 bytes this was decoded
+    /// from) match the record's checksum for journal `journal_id`.
+    pub fn verify(&self, journal_id: &[u8; 16], raw_header: &[u8], payload: &[u8]) -> bool {
+        raw_header.len() >= RECORD_HEADER_BYTES as usize
+            && payload.len() == self.payload_bytes as usize
+            && record_crc(journal_id, raw_header, payload) == self.crc
+    }
+}
+
+fn record_crc(journal_id: &[u8; 16], header: &[u8], payload: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(journal_id);
+    let crc = crc32c::crc32c_append(crc, &header[0..36]);
+    crc32c::crc32c_append(crc, payload)
+}
+
+/// Appends one whole record (header, payload, padding) to `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_record(
+    out: &mut Vec<u8>,
+    journal_id: &[u8; 16],
+    kind: RecordKind,
+    jseq: u64,
+    offset: u64,
+    len: u64,
+    payload: &[u8],
+) {
+    let mut h = [0u8; RECORD_HEADER_BYTES as usize];
+    h[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+    h[4] = kind as u8;
+    h[8..16].copy_from_slice(&jseq.to_le_bytes());
+    h[16..24].copy_from_slice(&offset.to_le_bytes());
+    h[24..32].copy_from_slice(&len.to_le_bytes());
+    h[32..36].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    let crc = record_crc(journal_id, &h, payload);
+    h[36..40].copy_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(payload);
+    let pad = record_bytes(payload.len()) - RECORD_HEADER_BYTES - payload.len() as u64;
+    out.extend(std::iter::repeat_n(0u8, pad as usize));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_and_superblocks_round_trip_and_reject_corruption() {
+        let sb = Superblock {
+            volume_uuid: [1; 16],
+            journal_id: [2; 16],
+            ring_bytes: MIN_RING_BYTES,
+            start_jseq: 5,
+        };
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        let mut bad = sb.encode();
+        bad[20] ^= 1;
+        assert!(Superblock::decode(&bad).is_err());
+        let mut out = Vec::new();
+        encode_record(
+            &mut out,
+            &sb.journal_id,
+            RecordKind::Write,
+            9,
+            512,
+            3,
+            b"abc",
+        );
+        assert_eq!(out.len() as u64, record_bytes(3));
+        let h = RecordHeader::decode(&out).unwrap();
+        assert_eq!(
+            (h.kind, h.jseq, h.offset, h.len),
+            (RecordKind::Write, 9, 512, 3)
+        );
+        assert!(h.verify(&sb.journal_id, &out, &out[40..43]));
+        assert!(!h.verify(&[3; 16], &out, &out[40..43]), "other journal");
+        assert!(!h.verify(&sb.journal_id, &out, b"abd"), "payload");
+        let mut bad = out.clone();
+        bad[4] = 9;
+        assert!(RecordHeader::decode(&bad).is_none(), "unknown kind");
+    }
+}

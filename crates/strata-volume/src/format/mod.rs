@@ -1,0 +1,19 @@
+//! Byte layouts of everything strata persists: segment objects,
+//! checkpoints, the manifest and lease (JSON in a checked envelope), and the
+//! journal's superblock and records.
+//!
+//! Encoding, decoding and verification only: no I/O, no tokio, no store, no
+//! clock. Every decoder takes untrusted bytes and returns an error (never
+//! panics) for anything it cannot verify; each is fuzzed (`fuzzing.rs`,
+//! `crates/strata-volume/fuzz`, and the stable `random_inputs` test). Each
+//! file documents its layout at the top.
+
+pub(crate) mod bytes;
+pub mod checkpoint;
+pub mod envelope;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod journal;
+pub mod lease;
+pub mod manifest;
+pub mod segment;

@@ -1,0 +1,39 @@
+//! Reading a volume's checkpoint.
+
+use strata_store::{ObjectNames, Store};
+
+use super::store_error::store_error;
+use crate::error::VolumeError;
+use crate::format::checkpoint::{self, CheckpointInfo};
+use crate::format::manifest::Manifest;
+use crate::map::ExtentMap;
+
+/// Reads checkpoint `seq` of the volume `manifest` describes, verified and
+/// checked against the manifest (same volume, same size, same position).
+pub(crate) async fn read_checkpoint(
+    store: &Store,
+    names: &ObjectNames,
+    manifest: &Manifest,
+    uuid: [u8; 16],
+    seq: u64,
+) -> Result<(CheckpointInfo, ExtentMap), VolumeError> {
+    let path = names.checkpoint(seq);
+    let bytes = store
+        .object_store()
+        .get(&path)
+        .await
+        .map_err(store_error(store, "read", &path))?
+        .bytes()
+        .await
+        .map_err(store_error(store, "read", &path))?;
+    let corrupt = |detail: String| VolumeError::Corrupt {
+        path: path.to_string(),
+        detail,
+    };
+    let (info, map) = checkpoint::decode(&bytes).map_err(corrupt)?;
+    if info.seq != seq || info.volume_uuid != uuid || info.volume_size_bytes != manifest.size_bytes
+    {
+        return Err(corrupt("checkpoint does not match the manifest".into()));
+    }
+    Ok((info, map))
+}

@@ -1,0 +1,20 @@
+//! Typed reads of a volume's objects in the store, and the error mapping
+//! every store access shares.
+//!
+//! Owns: turning an `object_store` error into a `VolumeError` that names the
+//! store, the operation and the object (`store_error`); reading and
+//! verifying the manifest, segment headers and checkpoints; listing
+//! segments. Every byte read here is decoded by `format/` and rejected with
+//! a clear error when it does not verify. Writes are not here: each has its
+//! own conditions (segments `write/`, manifest and lease `ownership/`).
+//! May not touch volume state, the journal or the caches.
+
+mod checkpoints;
+mod manifests;
+mod segments;
+mod store_error;
+
+pub(crate) use checkpoints::read_checkpoint;
+pub(crate) use manifests::{read_manifest, read_manifest_versioned};
+pub(crate) use segments::{fetch_segment_header, list_segments};
+pub(crate) use store_error::store_error;

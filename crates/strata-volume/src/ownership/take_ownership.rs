@@ -1,0 +1,66 @@
+//! Opening a volume for writing: the local lock, the lease, then a new
+//! epoch in the manifest (If-Match), in that order (see `mod.rs`).
+
+use bytes::Bytes;
+use object_store::{PutPayload, UpdateVersion};
+use strata_store::{ObjectNames, Store};
+
+use super::lease::acquire;
+use super::local_lock::{holder_id, lock_locally};
+use super::right_to_write::Ownership;
+use crate::config::VolumeConfig;
+use crate::error::VolumeError;
+use crate::format::manifest::Manifest;
+use crate::objects::{read_manifest_versioned, store_error};
+
+/// Takes the local lock, the store lease and a new epoch of volume `name`
+/// (see `lease.rs`). Returns the manifest as written with the new epoch.
+pub(crate) async fn take_ownership(
+    store: &Store,
+    config: &VolumeConfig,
+    name: &str,
+) -> Result<(Ownership, Manifest, UpdateVersion), VolumeError> {
+    let (mut manifest, mut version) = read_manifest_versioned(store, name).await?;
+    let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
+    std::fs::create_dir_all(config.journal_dir()).map_err(|source| VolumeError::Io {
+        what: format!(
+            "create journal directory {}",
+            config.journal_dir().display()
+        ),
+        source,
+    })?;
+    let lock = lock_locally(&config.lock_path(name, &uuid), name)?;
+    let holder = holder_id(&config.data_dir)?;
+    let names = ObjectNames::new(name);
+    let epoch = manifest.epoch + 1;
+    let sent_at = std::time::Instant::now();
+    let held = acquire(store, &names, &holder, config.lease_ttl_ms, epoch, name).await?;
+    let path = names.manifest();
+    loop {
+        if manifest.epoch >= epoch {
+            return Err(VolumeError::Busy(format!(
+                "volume {name:?} was opened by another server (epoch {}) while this one was opening it",
+                manifest.epoch
+            )));
+        }
+        manifest.epoch = epoch;
+        let payload = PutPayload::from(Bytes::from(manifest.encode()));
+        match store.put_if(&path, payload, Some(&version)).await {
+            Ok(v) => {
+                version = v;
+                break;
+            }
+            Err(object_store::Error::Precondition { .. }) => {
+                // Changed since we read it: maybe a lost reply of our own
+                // write, maybe a late write of the previous holder.
+                (manifest, version) = read_manifest_versioned(store, name).await?;
+                if manifest.epoch == epoch {
+                    break;
+                }
+            }
+            Err(e) => return Err(store_error(store, "write", &path)(e)),
+        }
+    }
+    let ownership = Ownership::new(holder, lock, held, sent_at);
+    Ok((ownership, manifest, version))
+}

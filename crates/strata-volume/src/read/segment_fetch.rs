@@ -1,0 +1,122 @@
+//! Fetching from the store for one volume's reader: a segment's verified
+//! index (fetched once however many ask), and ranged GETs of chunk runs,
+//! verified against the index before anything is cached or handed out.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::fetch_plan::{ChunkKey, RunBytes};
+use super::inflight::Claim;
+use super::shared_caches::SharedCaches;
+use super::volume_reader::VolumeReader;
+use crate::error::VolumeError;
+use crate::format::segment::SegmentIndex;
+use crate::objects::{fetch_segment_header, store_error};
+
+impl VolumeReader {
+    /// One ranged GET for chunks `run`: verified, cached in RAM, handed to
+    /// the claim's waiters, then written to the disk tier.
+    pub(crate) async fn fetch_run(
+        &self,
+        caches: &SharedCaches,
+        idx: &SegmentIndex,
+        seq: u64,
+        run: Range<u64>,
+        claim: Claim<ChunkKey, RunBytes>,
+        readahead: bool,
+    ) -> Result<RunBytes, VolumeError> {
+        if run.is_empty() || run.end > u64::from(idx.fixed.chunk_count) {
+            let detail = format!("chunks {run:?} outside the segment");
+            return Err(self.corrupt(seq, detail));
+        }
+        let range = idx.chunk_range(run.start, run.end - 1);
+        let bytes = self.get_range(caches, seq, range, readahead).await?;
+        idx.verify(run.start, &bytes)
+            .map_err(|d| self.corrupt(seq, d))?;
+        let fetched = RunBytes {
+            first_chunk: run.start,
+            bytes,
+        };
+        let copies = caches.insert_ram(self.uuid, seq, &fetched);
+        claim.complete(fetched.clone());
+        drop(claim);
+        caches.insert_disk(self.disk_id, seq, copies).await;
+        Ok(fetched)
+    }
+
+    async fn get_range(
+        &self,
+        caches: &SharedCaches,
+        seq: u64,
+        range: Range<u64>,
+        readahead: bool,
+    ) -> Result<Bytes, VolumeError> {
+        let path = self.names.segment(seq);
+        let want = range.end - range.start;
+        let c = &caches.counters;
+        c.data_gets.fetch_add(1, Ordering::Relaxed);
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        let bytes = self
+            .store
+            .get_range(&path, range)
+            .await
+            .map_err(store_error(&self.store, "read", &path))?;
+        let got = bytes.len() as u64;
+        c.data_get_bytes.fetch_add(got, Ordering::Relaxed);
+        self.get_bytes.fetch_add(got, Ordering::Relaxed);
+        if readahead {
+            caches.readahead.count_prefetched(got);
+        }
+        if got != want {
+            return Err(self.corrupt(seq, format!("short read: {got} of {want} bytes")));
+        }
+        Ok(bytes)
+    }
+
+    /// The verified index of stored segment `seq`: cached, or fetched once
+    /// however many readers ask for it at the same time.
+    pub(crate) async fn segment_index(
+        &self,
+        caches: &SharedCaches,
+        seq: u64,
+    ) -> Result<Arc<SegmentIndex>, VolumeError> {
+        let key = (self.uuid, seq);
+        if let Some(idx) = caches.indexes.get(&key) {
+            return Ok(idx);
+        }
+        let claimed = {
+            let mut table = caches.index_flights.lock();
+            match table.waiter(&key) {
+                Some(w) => Err(w),
+                None => Ok(table.claim(vec![key])),
+            }
+        };
+        let claim = match claimed {
+            Ok(claim) => Some(claim),
+            Err(waiter) => match waiter.value().await {
+                Some(idx) => return Ok(idx),
+                // Its fetch failed or was abandoned: fetch it ourselves.
+                None => None,
+            },
+        };
+        caches.counters.header_gets.fetch_add(2, Ordering::Relaxed);
+        let (idx, _) =
+            fetch_segment_header(&self.store, &self.names, seq, self.uuid, self.size_bytes)
+                .await
+                .inspect_err(|e| {
+                    if matches!(e, VolumeError::Corrupt { .. }) {
+                        tracing::error!(volume = %self.name, seq, error = %e, "corrupt segment");
+                    }
+                })?;
+        let idx = Arc::new(idx);
+        let cost_bytes = 4 * idx.chunk_crcs.len() as u64 + 256;
+        caches.indexes.insert(key, idx.clone(), cost_bytes);
+        if let Some(claim) = claim {
+            claim.complete(idx.clone());
+        }
+        Ok(idx)
+    }
+}

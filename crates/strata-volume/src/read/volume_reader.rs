@@ -1,0 +1,200 @@
+//! The read of one volume's stored pieces, through every tier.
+//!
+//! 1. pieces are grouped by segment; segments are read in parallel
+//!    (at most `MAX_PARALLEL_SEGMENTS` per read);
+//! 2. each chunk a piece needs is looked up in RAM, then on disk
+//!    (`disk_fill.rs`), then among the fetches in flight (waited for, not
+//!    fetched again);
+//! 3. the rest are claimed and coalesced (`fetch_plan.rs`) and fetched by
+//!    ranged GETs in parallel (`segment_fetch.rs`), verified, cached, and
+//!    handed to waiters;
+//! 4. the pieces are copied out of the chunks into the client's buffer.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use strata_store::{ObjectNames, Store};
+
+use super::fetch_plan::{ChunkKey, RunBytes, SegmentChunks, StoredPiece};
+use super::inflight::Claim;
+use super::readahead::Streams;
+use super::shared_caches::SharedCaches;
+use crate::error::VolumeError;
+use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
+
+/// Segments of one read fetched at once.
+const MAX_PARALLEL_SEGMENTS: usize = 8;
+/// GETs of one segment (of one read) in flight at once.
+const MAX_PARALLEL_GETS: usize = 8;
+/// Read state of one volume: what fetching its segments needs (so
+/// read-ahead tasks can run without the `Volume`), its stream table for
+/// read-ahead, and its GET counters.
+pub(crate) struct VolumeReader {
+    pub name: String,
+    pub uuid: [u8; 16],
+    /// The volume's small id in disk-tier keys.
+    pub disk_id: u32,
+    pub size_bytes: u64,
+    pub(crate) store: Store,
+    pub(crate) names: ObjectNames,
+    pub streams: Mutex<Streams>,
+    pub gets: AtomicU64,
+    pub get_bytes: AtomicU64,
+}
+
+impl VolumeReader {
+    pub(crate) fn corrupt(&self, seq: u64, detail: String) -> VolumeError {
+        tracing::error!(volume = %self.name, seq, %detail, "corrupt segment");
+        VolumeError::Corrupt {
+            path: self.names.segment(seq).to_string(),
+            detail,
+        }
+    }
+
+    /// Fills every piece's `dst` (see the module doc).
+    pub async fn read_pieces(
+        &self,
+        caches: &SharedCaches,
+        pieces: Vec<StoredPiece<'_>>,
+    ) -> Result<(), VolumeError> {
+        // Most reads touch one segment: no grouping, no fan-out machinery.
+        if let Some(seq) = pieces.first().map(|p| p.seq) {
+            if pieces.iter().all(|p| p.seq == seq) {
+                return self.read_segment(caches, seq, pieces).await;
+            }
+        }
+        let mut by_seq: BTreeMap<u64, Vec<StoredPiece<'_>>> = BTreeMap::new();
+        for p in pieces {
+            by_seq.entry(p.seq).or_default().push(p);
+        }
+        // A loop, not a closure over `StoredPiece<'_>`: such a closure is
+        // not general over the lifetime and the read future would not be
+        // `Send` to the compiler (rust-lang/rust#102211).
+        let mut reads = Vec::with_capacity(by_seq.len());
+        for (seq, pieces) in by_seq {
+            reads.push(self.read_segment(caches, seq, pieces));
+        }
+        futures::stream::iter(reads)
+            .buffer_unordered(MAX_PARALLEL_SEGMENTS)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
+    async fn read_segment(
+        &self,
+        caches: &SharedCaches,
+        seq: u64,
+        mut pieces: Vec<StoredPiece<'_>>,
+    ) -> Result<(), VolumeError> {
+        let idx = self.segment_index(caches, seq).await?;
+        let mut numbers = Vec::new();
+        for p in &pieces {
+            let end = p.offset + p.dst.len() as u64;
+            if p.dst.is_empty() || end > idx.fixed.data_bytes {
+                let detail = format!(
+                    "map points past the data end ({}+{})",
+                    p.offset,
+                    p.dst.len()
+                );
+                return Err(self.corrupt(seq, detail));
+            }
+            numbers.extend(p.offset / CHUNK_BYTES..=(end - 1) / CHUNK_BYTES);
+        }
+        numbers.sort_unstable();
+        numbers.dedup();
+        let data = numbers
+            .iter()
+            .map(|&c| caches.chunks.get(&(self.uuid, seq, c)))
+            .collect();
+        let mut chunks = SegmentChunks { numbers, data };
+        self.fill_from_disk(caches, &idx, seq, &mut chunks).await;
+        self.fetch_missing(caches, &idx, seq, &mut chunks, &pieces)
+            .await?;
+        chunks
+            .copy_out(&mut pieces)
+            .map_err(|d| self.corrupt(seq, d))
+    }
+
+    /// Fetches what no cache had: waits for fetches in flight, claims and
+    /// fetches the rest. A second round fetches what the waited-for
+    /// fetches did not deliver, without waiting again.
+    async fn fetch_missing(
+        &self,
+        caches: &SharedCaches,
+        idx: &SegmentIndex,
+        seq: u64,
+        chunks: &mut SegmentChunks,
+        pieces: &[StoredPiece<'_>],
+    ) -> Result<(), VolumeError> {
+        for round in 0..2 {
+            if chunks.data.iter().all(Option::is_some) {
+                return Ok(());
+            }
+            let missing = chunks.missing();
+            let plan = caches.plan_fetch(self.uuid, seq, &chunks.numbers, &missing, round > 0);
+            count_coalesced(caches, pieces, &plan.runs);
+            let fetches = futures::stream::iter(plan.runs)
+                .map(|(run, claim)| self.fetch_run(caches, idx, seq, run, claim, false))
+                .buffer_unordered(MAX_PARALLEL_GETS)
+                .try_collect::<Vec<RunBytes>>();
+            let waits = futures::future::join_all(
+                plan.waits
+                    .into_iter()
+                    .map(|(pos, w)| async move { (pos, w.value().await) }),
+            );
+            let (fetched, waited) =
+                futures::future::try_join(fetches, async { Ok(waits.await) }).await?;
+            for run in &fetched {
+                chunks.fill_run(run);
+            }
+            for (pos, run) in waited {
+                caches
+                    .counters
+                    .inflight_waits
+                    .fetch_add(1, Ordering::Relaxed);
+                match run.and_then(|r| r.chunk(chunks.numbers[pos])) {
+                    Some(b) => chunks.data[pos] = Some(b),
+                    None => {
+                        caches
+                            .counters
+                            .inflight_fallbacks
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        // Round 1 claimed and fetched everything still missing.
+        assert!(chunks.missing().is_empty(), "chunks missing after fetch");
+        Ok(())
+    }
+}
+
+/// Counts the pieces whose chunks a GET issued for another piece fetched.
+fn count_coalesced(
+    caches: &SharedCaches,
+    pieces: &[StoredPiece<'_>],
+    runs: &[(Range<u64>, Claim<ChunkKey, RunBytes>)],
+) {
+    if runs.is_empty() {
+        return;
+    }
+    // Runs are sorted and disjoint: a binary search per piece.
+    let fetching = pieces
+        .iter()
+        .filter(|p| {
+            let first = p.offset / CHUNK_BYTES;
+            let last = (p.offset + p.dst.len() as u64 - 1) / CHUNK_BYTES;
+            let i = runs.partition_point(|(r, _)| r.end <= first);
+            runs.get(i).is_some_and(|(r, _)| r.start <= last)
+        })
+        .count();
+    let saved = fetching.saturating_sub(runs.len()) as u64;
+    caches
+        .counters
+        .coalesced_pieces
+        .fetch_add(saved, Ordering::Relaxed);
+}

@@ -1,0 +1,107 @@
+//! Recovery from the local journal: which journal to replay (or a fresh
+//! one), and replaying its records after the store's position into the
+//! open segment, sealing as it fills.
+
+use crate::config::VolumeConfig;
+use crate::error::VolumeError;
+use crate::format::journal::{record_bytes, Superblock};
+use crate::format::segment::JournalSpan;
+use crate::write::journal_file::{self, Position};
+use crate::write::state::{apply_op, State};
+
+/// Picks the journal to replay, or makes a fresh one.
+pub(crate) fn choose_journal(
+    path: &std::path::Path,
+    config: &VolumeConfig,
+    uuid: [u8; 16],
+    span: Option<JournalSpan>,
+) -> Result<(Superblock, Position), VolumeError> {
+    let existing = match journal_file::read_superblock(path) {
+        Ok(sb) => sb,
+        Err(e) => {
+            tracing::warn!(error = %e, "unreadable journal; starting a new one");
+            None
+        }
+    };
+    if let Some(sb) = existing.filter(|sb| sb.volume_uuid == uuid) {
+        match span {
+            Some(s) if s.journal_id == sb.journal_id => {
+                return Ok((
+                    sb,
+                    Position {
+                        lpos: s.end_lpos,
+                        jseq: s.last_jseq + 1,
+                    },
+                ));
+            }
+            None => {
+                return Ok((
+                    sb,
+                    Position {
+                        lpos: 0,
+                        jseq: sb.start_jseq,
+                    },
+                ))
+            }
+            Some(_) => {
+                tracing::warn!(journal = %path.display(), "journal is older than the store's state (volume was served elsewhere); starting a new one")
+            }
+        }
+    }
+    let start_jseq = span.map_or(1, |s| s.last_jseq + 1);
+    let sb = Superblock {
+        volume_uuid: uuid,
+        journal_id: *uuid::Uuid::new_v4().as_bytes(),
+        ring_bytes: config.journal_bytes,
+        start_jseq,
+    };
+    journal_file::create(path, sb)?;
+    Ok((
+        sb,
+        Position {
+            lpos: 0,
+            jseq: start_jseq,
+        },
+    ))
+}
+
+/// Replays journal records into the open segment (sealing as it fills).
+pub(crate) fn replay_journal(
+    path: &std::path::Path,
+    sb: Superblock,
+    start: Position,
+    st: &mut State,
+    config: &VolumeConfig,
+    size: u64,
+) -> Result<(Position, u64), VolumeError> {
+    let mut scanner = journal_file::Scanner::open(path, sb, start)?;
+    let mut n = 0u64;
+    loop {
+        let before = scanner.position();
+        let rec = scanner.next_record().map_err(|source| VolumeError::Io {
+            what: format!("replay journal {}", path.display()),
+            source,
+        })?;
+        let Some(rec) = rec else { break };
+        if rec.offset.checked_add(rec.len).is_none_or(|end| end > size) {
+            tracing::warn!(journal = %path.display(), jseq = rec.jseq, "journal record beyond the volume's end; replay stops there");
+            return Ok((before, n));
+        }
+        let cost = record_bytes(rec.payload.len());
+        apply_op(
+            st,
+            rec.kind,
+            rec.offset,
+            rec.len,
+            &rec.payload,
+            cost,
+            rec.jseq,
+            rec.end_lpos,
+        );
+        n += 1;
+        if st.open.cost_bytes >= config.segment_bytes {
+            st.seal_open(Vec::with_capacity(config.segment_bytes as usize));
+        }
+    }
+    Ok((scanner.position(), n))
+}

@@ -1,0 +1,90 @@
+//! Recovery: rebuilding a volume's write-side state from manifest,
+//! checkpoint, later segments and the journal.
+//!
+//! Owns the order of recovery (ownership is taken before, by
+//! `ownership/take_ownership.rs`; `volume/open.rs` sequences both). It is idempotent: a crash during recovery
+//! leaves what the next one needs (nothing is deleted that the journal does
+//! not also hold), and applying a segment twice changes nothing.
+//!
+//! 1. manifest -> latest checkpoint (extent map as of segment S)
+//! 2. segments S+1, S+2, ... while contiguous; a segment after a gap was
+//!    uploaded while an earlier one was not: it is deleted (its writes are
+//!    in the journal, whose replay starts before the gap) so numbering stays
+//!    contiguous for the next recovery
+//! 3. the journal, from the position the last applied segment (or the
+//!    checkpoint) recorded, if it is the same journal instance
+//! 4. everything replayed sits in the open segment and sealed segments that
+//!    are uploaded as usual
+//!
+//! Files: `store_replay.rs` (steps 1-2), `journal_replay.rs` (step 3).
+//! Reads the store, writes nothing to it but the deletion of step 2; never
+//! touches the read caches.
+
+mod journal_replay;
+mod store_replay;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use strata_store::{ObjectNames, Store};
+
+use crate::config::VolumeConfig;
+use crate::error::VolumeError;
+use crate::format::manifest::Manifest;
+use crate::write::journal::Journal;
+use crate::write::open_segment::OpenSegment;
+use crate::write::state::State;
+use journal_replay::{choose_journal, replay_journal};
+use store_replay::{recover_from_store, Recovered};
+
+/// A volume's write-side state after recovery, and its open journal.
+pub(crate) struct RecoveredVolume {
+    pub state: State,
+    pub journal: Journal,
+    /// Journal records replayed (now in the open and sealed segments).
+    pub replayed_records: u64,
+}
+
+/// Recovers volume `name` (instance `uuid`), which this server owns now.
+pub(crate) async fn recover(
+    store: &Store,
+    config: &VolumeConfig,
+    name: &str,
+    manifest: &Manifest,
+    uuid: [u8; 16],
+) -> Result<RecoveredVolume, VolumeError> {
+    let names = ObjectNames::new(name);
+    let rec = recover_from_store(store, &names, manifest, uuid).await?;
+    let jpath = config.journal_path(name, &uuid);
+    let (sb, start) = choose_journal(&jpath, config, uuid, rec.span)?;
+    let mut state = initial_state(rec, sb.journal_id, config.segment_bytes);
+    let (head, replayed_records) =
+        replay_journal(&jpath, sb, start, &mut state, config, manifest.size_bytes)?;
+    let journal = Journal::open(&jpath, sb, head, start.lpos)?;
+    Ok(RecoveredVolume {
+        state,
+        journal,
+        replayed_records,
+    })
+}
+
+/// The state the store alone describes: its map, everything durable, the
+/// next segment open.
+fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> State {
+    State {
+        map: rec.map,
+        open: OpenSegment::new(
+            rec.next_seq,
+            Vec::with_capacity(segment_bytes as usize),
+            journal_id,
+        ),
+        sealed: BTreeMap::new(),
+        uploaded: BTreeSet::new(),
+        buffered_cost_bytes: 0,
+        durable_seq: rec.next_seq - 1,
+        segments_since_checkpoint: rec.next_seq - 1 - rec.checkpoint_seq,
+        last_sealed_span: rec.span.unwrap_or_default(),
+        checkpoint_requested_seq: rec.checkpoint_seq,
+        checkpoint_done_seq: rec.checkpoint_seq,
+        failed: None,
+    }
+}

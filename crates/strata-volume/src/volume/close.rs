@@ -1,0 +1,74 @@
+//! The clean close of a volume: seal what is open, wait for every upload
+//! and a final checkpoint, stop the journal, release the lease. Afterwards
+//! the store alone holds the volume; the journal has nothing to replay.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::Volume;
+use crate::error::VolumeError;
+use crate::write::state::State;
+
+impl Volume {
+    /// Clean close: seals what is open, waits for every upload and a final
+    /// checkpoint, stops the journal. Afterwards the store alone holds the
+    /// volume; the journal has nothing to replay.
+    pub async fn close(self: &Arc<Self>) -> Result<(), VolumeError> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let target = {
+            let mut st = self.state.lock();
+            if st.failed.is_none() {
+                if !st.open.is_empty() {
+                    self.seal_locked(&mut st, true);
+                } else if st.segments_since_checkpoint > 0 {
+                    // Nothing open: the map is exactly the state after the
+                    // newest sealed segment, so checkpoint that.
+                    let seq = st.open.seq - 1;
+                    st.segments_since_checkpoint = 0;
+                    st.checkpoint_requested_seq = seq;
+                    let ckpt = Bytes::from(self.encode_checkpoint(&st, seq, st.last_sealed_span));
+                    let vol = self.clone();
+                    tokio::spawn(async move { vol.store_checkpoint(seq, ckpt).await });
+                }
+            }
+            st.checkpoint_requested_seq
+        };
+        let done = |st: &State| {
+            (st.sealed.is_empty() && st.checkpoint_done_seq >= target) || st.failed.is_some()
+        };
+        loop {
+            let wait = self.wait_until(done);
+            match tokio::time::timeout(Duration::from_secs(5), wait).await {
+                Ok(()) => break,
+                Err(_) => {
+                    let (segments, bytes) = {
+                        let st = self.state.lock();
+                        (st.sealed.len(), st.buffered_cost_bytes)
+                    };
+                    tracing::info!(volume = %self.name, segments, bytes, "closing: waiting for uploads to the store (the journal keeps the data if you kill the server)");
+                }
+            }
+        }
+        self.journal.shutdown();
+        self.space.notify_waiters();
+        if let Some(detail) = self.state.lock().failed.clone() {
+            // Not everything reached the store; the journal keeps it, so the
+            // lease is kept until it expires (unless fenced: then it is not
+            // ours anyway). A restart on this data directory takes it back.
+            self.ownership.drop_local_lock();
+            return Err(VolumeError::Failed {
+                name: self.name.clone(),
+                detail,
+            });
+        }
+        // Everything is in the store: let another server take the volume.
+        self.ownership.release(&self.store, &self.names).await?;
+        tracing::info!(volume = %self.name, "closed cleanly");
+        Ok(())
+    }
+}

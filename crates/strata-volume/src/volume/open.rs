@@ -1,0 +1,69 @@
+//! Opening a volume: take ownership (`ownership/`), recover its state
+//! (`recovery/`), then start its background work: uploads of segments
+//! sealed during replay, the age sealer and lease renewal (`tasks.rs`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use strata_store::{ObjectNames, Store};
+use tokio::sync::Notify;
+
+use super::Volume;
+use crate::config::VolumeConfig;
+use crate::error::VolumeError;
+use crate::ownership::{take_ownership, ManifestWriter};
+use crate::read::SharedCaches;
+use crate::recovery::recover;
+
+impl Volume {
+    /// Opens (and recovers) volume `name`.
+    pub async fn open(
+        store: Store,
+        name: &str,
+        config: Arc<VolumeConfig>,
+        caches: Arc<SharedCaches>,
+    ) -> Result<Arc<Volume>, VolumeError> {
+        config.validate().map_err(VolumeError::Invalid)?;
+        let started = std::time::Instant::now();
+        let (ownership, manifest, manifest_version) = take_ownership(&store, &config, name).await?;
+        let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
+        let recovered = recover(&store, &config, name, &manifest, uuid).await?;
+        let size_bytes = manifest.size_bytes;
+        let vol = Arc::new(Volume {
+            name: name.to_string(),
+            uuid,
+            size_bytes,
+            store,
+            names: ObjectNames::new(name),
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(config.max_parallel_uploads)),
+            config,
+            journal: recovered.journal,
+            state: Mutex::new(recovered.state),
+            space: Notify::new(),
+            progress: Notify::new(),
+            caches,
+            manifest: ManifestWriter::new(name, manifest, manifest_version),
+            closed: AtomicBool::new(false),
+            buffer_pool: Mutex::new(Vec::new()),
+            ownership,
+            segments_uploaded: AtomicU64::new(0),
+            bytes_uploaded: AtomicU64::new(0),
+        });
+        vol.start_replayed_uploads();
+        vol.start_age_sealer();
+        vol.start_lease_renewal();
+        tracing::info!(volume = %name, holder = %vol.ownership.holder, epoch = vol.ownership.epoch, replayed_records = recovered.replayed_records, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
+        Ok(vol)
+    }
+
+    /// Segments sealed during replay could not be uploaded before the volume
+    /// existed; start them now.
+    fn start_replayed_uploads(self: &Arc<Self>) {
+        let sealed: Vec<_> = self.state.lock().sealed.values().cloned().collect();
+        for s in sealed {
+            let vol = self.clone();
+            tokio::spawn(async move { vol.upload(s, None).await });
+        }
+    }
+}

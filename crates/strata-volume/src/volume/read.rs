@@ -1,0 +1,137 @@
+//! The read path of a volume: READ and BLOCK_STATUS.
+//!
+//! The extent map is looked up under the volume lock with no allocation
+//! per piece; holes and allocated zeros are filled, data still in memory
+//! (open or sealed segments) is copied, and the stored pieces are handed to
+//! the read path (`read/`) after the lock is released, with disjoint slices
+//! of the client's buffer as destinations (no extra copy).
+
+use std::ops::Range;
+
+use super::{Allocation, Volume};
+use crate::error::VolumeError;
+use crate::map::Target;
+use crate::read::{start_readahead, StoredPiece, MAX_WINDOW_PIECES};
+
+impl Volume {
+    /// Reads `buf.len()` bytes at `offset`.
+    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        self.check_range(offset, buf.len() as u64)?;
+        if let Some(detail) = self.ownership.fenced() {
+            return Err(VolumeError::Failed {
+                name: self.name.clone(),
+                detail,
+            });
+        }
+        let reader = self.reader();
+        let mut misses: Vec<Miss> = Vec::new();
+        {
+            let st = self.state.lock();
+            st.map.lookup(offset, buf.len() as u64, |p| {
+                let at = (p.start - offset) as usize;
+                let dst = &mut buf[at..at + p.len as usize];
+                match p.target {
+                    None | Some(Target::Zero) => dst.fill(0),
+                    Some(Target::Data { seq, offset: so }) => {
+                        let so = so as usize;
+                        if seq == st.open.seq {
+                            dst.copy_from_slice(&st.open.data[so..so + dst.len()]);
+                        } else if let Some(s) = st.sealed.get(&seq) {
+                            dst.copy_from_slice(&s.data[so..so + dst.len()]);
+                        } else {
+                            misses.push(Miss {
+                                buf_offset: at,
+                                seq,
+                                segment_offset: so as u64,
+                                len: p.len,
+                            });
+                        }
+                    }
+                }
+            });
+        }
+        start_readahead(
+            &self.caches,
+            &reader,
+            offset,
+            buf.len() as u64,
+            self.size_bytes,
+            |window| self.stored_pieces(window),
+        );
+        if misses.is_empty() {
+            return Ok(());
+        }
+        // Disjoint destination slices, one per miss (misses are in order and
+        // do not overlap), so stored data lands in `buf` with no extra copy.
+        let mut dsts = Vec::with_capacity(misses.len());
+        let mut rest: &mut [u8] = buf;
+        let mut consumed = 0usize;
+        for m in &misses {
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut(m.buf_offset - consumed);
+            let (dst, tail) = tail.split_at_mut(m.len as usize);
+            dsts.push(dst);
+            rest = tail;
+            consumed = m.buf_offset + m.len as usize;
+        }
+        let pieces = misses
+            .iter()
+            .zip(dsts)
+            .map(|(m, dst)| StoredPiece {
+                seq: m.seq,
+                offset: m.segment_offset,
+                dst,
+            })
+            .collect();
+        reader.read_pieces(&self.caches, pieces).await
+    }
+
+    /// Allocation of `[offset, offset+len)` in at most `max_extents` runs.
+    pub fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+    ) -> Result<Vec<(u64, Allocation)>, VolumeError> {
+        self.check_range(offset, len)?;
+        let mut out: Vec<(u64, Allocation)> = Vec::new();
+        let st = self.state.lock();
+        st.map.lookup(offset, len, |p| {
+            let a = match p.target {
+                None => Allocation::Hole,
+                Some(Target::Zero) => Allocation::Zero,
+                Some(Target::Data { .. }) => Allocation::Data,
+            };
+            match out.last_mut() {
+                Some(last) if last.1 == a => last.0 += p.len,
+                _ => out.push((p.len, a)),
+            }
+        });
+        out.truncate(max_extents.max(1));
+        Ok(out)
+    }
+
+    /// Stored pieces `(seq, segment offset, len)` of a volume range, looked
+    /// up under the volume lock.
+    fn stored_pieces(&self, range: Range<u64>) -> Vec<(u64, u64, u64)> {
+        let mut out = Vec::new();
+        let st = self.state.lock();
+        st.map.lookup(range.start, range.end - range.start, |p| {
+            if let Some(Target::Data { seq, offset }) = p.target {
+                let in_memory = seq == st.open.seq || st.sealed.contains_key(&seq);
+                if !in_memory && out.len() < MAX_WINDOW_PIECES {
+                    out.push((seq, offset, p.len));
+                }
+            }
+        });
+        out
+    }
+}
+
+/// A stored piece of a read, before its destination slice is cut.
+struct Miss {
+    buf_offset: usize,
+    seq: u64,
+    segment_offset: u64,
+    len: u64,
+}

@@ -1,0 +1,72 @@
+//! A sealed segment's way into the store: upload (parallel, bounded by
+//! `--parallel-uploads`, retried until it works or the volume is fenced),
+//! then durable once every earlier segment is, which frees its memory and
+//! journal space; then the checkpoint taken when it was sealed, if any.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::Volume;
+use crate::write::open_segment::SealedSegment;
+use crate::write::segment_put::{put_segment, SegmentPutError};
+
+impl Volume {
+    /// Uploads one sealed segment, then (if given) the checkpoint taken when
+    /// it was sealed. Gives up only when the volume is fenced.
+    pub(crate) async fn upload(self: Arc<Self>, sealed: Arc<SealedSegment>, ckpt: Option<Vec<u8>>) {
+        let header = Bytes::from(sealed.encode_header(&self.uuid));
+        let object_bytes = header.len() as u64 + sealed.data.len() as u64;
+        let path = self.names.segment(sealed.seq);
+        {
+            let Ok(_permit) = self.upload_slots.clone().acquire_owned().await else {
+                return;
+            };
+            let data = sealed.data_bytes();
+            let put = put_segment(
+                &self.store,
+                &self.ownership,
+                &self.name,
+                &path,
+                &header,
+                &data,
+            );
+            let detail = match put.await {
+                Ok(()) => None,
+                Err(SegmentPutError::Fenced(detail)) => Some(detail),
+                Err(SegmentPutError::TakenOver(detail)) => {
+                    self.fence(detail.clone());
+                    Some(detail)
+                }
+            };
+            if let Some(detail) = detail {
+                tracing::error!(volume = %self.name, object = %path, %detail, "segment not uploaded");
+                return;
+            }
+        }
+        self.segments_uploaded.fetch_add(1, Ordering::Relaxed);
+        self.bytes_uploaded
+            .fetch_add(object_bytes, Ordering::Relaxed);
+        let seq = sealed.seq;
+        self.mark_uploaded(seq);
+        // Last holder of the buffer (the common case): recycle it.
+        if let Some(buffer) = Arc::into_inner(sealed).and_then(|s| Arc::into_inner(s.data)) {
+            self.recycle_buffer(buffer);
+        }
+        if let Some(ckpt) = ckpt {
+            self.store_checkpoint(seq, Bytes::from(ckpt)).await;
+        }
+    }
+
+    /// Records an upload; advances `durable_seq` over contiguous uploads,
+    /// frees their memory and journal space.
+    fn mark_uploaded(&self, seq: u64) {
+        let release_lpos = self.state.lock().mark_uploaded(seq);
+        if let Some(lpos) = release_lpos {
+            self.journal.release_to(lpos);
+        }
+        self.space.notify_waiters();
+        self.progress.notify_waiters();
+    }
+}

@@ -1,0 +1,219 @@
+//! The write path of a volume: WRITE, TRIM, WRITE_ZEROES and FLUSH.
+//!
+//! A write is appended to the journal and the open segment under the volume
+//! lock (so journal order is map order), then waits, outside the lock, for
+//! the journal's group commit to have it in the file (FUA: on stable
+//! storage; with remote durability: in the store). Writers wait, never
+//! fail, while the write buffer or the journal is full or the lease may
+//! have lapsed. A full or old open segment is sealed and its upload started.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::Volume;
+use crate::config::Durability;
+use crate::error::VolumeError;
+use crate::format::journal::{record_bytes, RecordKind};
+use crate::write::state::{apply_op, State};
+
+/// Segment buffers kept for reuse.
+const BUFFER_POOL_MAX: usize = 2;
+
+impl Volume {
+    /// Writes `data` at `offset`. Returns once the write survives a crash of
+    /// this process; with `fua`, once it survives loss of power.
+    pub async fn write(
+        self: &Arc<Self>,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        if data.len() as u64 > self.config.max_write_bytes {
+            return Err(VolumeError::Invalid(format!(
+                "write of {} bytes exceeds the maximum of {}",
+                data.len(),
+                self.config.max_write_bytes
+            )));
+        }
+        self.log_op(RecordKind::Write, offset, data.len() as u64, data, fua)
+            .await
+    }
+
+    /// Unmaps a range: it reads as zeros and costs no storage.
+    pub async fn trim(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        self.log_op(RecordKind::Unmap, offset, len, &[], fua).await
+    }
+
+    /// Makes a range read as zeros; with `keep_allocated` it stays allocated
+    /// (NBD's NO_HOLE), otherwise it is unmapped like a trim.
+    pub async fn write_zeroes(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        keep_allocated: bool,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        let kind = if keep_allocated {
+            RecordKind::Zero
+        } else {
+            RecordKind::Unmap
+        };
+        self.log_op(kind, offset, len, &[], fua).await
+    }
+
+    /// Makes every write completed before this call durable: in the local
+    /// journal (survives loss of power), or with `Durability::Remote` in the
+    /// store (survives loss of the host).
+    pub async fn flush(self: &Arc<Self>) -> Result<(), VolumeError> {
+        self.check_failed()?;
+        match self.config.durability {
+            Durability::Local => {
+                let jseq = self.journal.last_appended_jseq();
+                self.journal.sync(jseq).await?;
+            }
+            Durability::Remote => self.flush_to_store().await?,
+        }
+        Ok(())
+    }
+
+    /// Seals what is open and waits until every segment up to it is stored.
+    async fn flush_to_store(self: &Arc<Self>) -> Result<(), VolumeError> {
+        let target_seq = {
+            let mut st = self.state.lock();
+            self.seal_locked(&mut st, false);
+            st.open.seq - 1
+        };
+        self.wait_until(|st| st.durable_seq >= target_seq || st.failed.is_some())
+            .await;
+        self.check_failed()
+    }
+
+    async fn log_op(
+        self: &Arc<Self>,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(VolumeError::Closed(self.name.clone()));
+        }
+        let jseq = loop {
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(jseq) = self.try_log_op(kind, offset, len, data)? {
+                break jseq;
+            }
+            notified.await;
+        };
+        match (fua, self.config.durability) {
+            (false, _) => self.journal.wait_written(jseq).await?,
+            (true, Durability::Local) => self.journal.sync(jseq).await?,
+            (true, Durability::Remote) => {
+                self.journal.wait_written(jseq).await?;
+                self.flush_to_store().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends to journal and open segment if the budgets allow; `None` means
+    /// wait for space.
+    fn try_log_op(
+        self: &Arc<Self>,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+    ) -> Result<Option<u64>, VolumeError> {
+        let cost = record_bytes(data.len());
+        let mut st = self.state.lock();
+        if st.failed.is_none() {
+            // A journal that cannot write fails the volume for writes at once
+            // (its records would otherwise queue until the ring is full).
+            st.failed = self
+                .journal
+                .failure_detail()
+                .map(|d| format!("journal write failed: {d}"));
+        }
+        if let Some(detail) = &st.failed {
+            return Err(VolumeError::Failed {
+                name: self.name.clone(),
+                detail: detail.clone(),
+            });
+        }
+        if st.buffered_cost_bytes > 0
+            && st.buffered_cost_bytes + cost > self.config.write_buffer_bytes
+        {
+            return Ok(None);
+        }
+        if !self.ownership.is_valid() {
+            // The lease may have expired: another server may own the volume
+            // now. Wait for a renewal (or fencing) before acknowledging.
+            return Ok(None);
+        }
+        let Some((jseq, end_lpos)) = self.journal.try_append(kind, offset, len, data) else {
+            return Ok(None);
+        };
+        apply_op(&mut st, kind, offset, len, data, cost, jseq, end_lpos);
+        if st.open.cost_bytes >= self.config.segment_bytes {
+            self.seal_locked(&mut st, false);
+        }
+        Ok(Some(jseq))
+    }
+
+    /// Seals the open segment (if not empty) and starts its upload; takes a
+    /// checkpoint at the seal point every N segments or when `checkpoint`.
+    pub(crate) fn seal_locked(self: &Arc<Self>, st: &mut State, checkpoint: bool) {
+        if st.open.is_empty() {
+            return;
+        }
+        let sealed = st.seal_open(self.take_buffer());
+        let take_checkpoint =
+            checkpoint || st.segments_since_checkpoint >= self.config.checkpoint_every_segments;
+        let ckpt = take_checkpoint.then(|| {
+            st.segments_since_checkpoint = 0;
+            st.checkpoint_requested_seq = sealed.seq;
+            self.encode_checkpoint(st, sealed.seq, sealed.span)
+        });
+        let vol = self.clone();
+        tokio::spawn(async move { vol.upload(sealed, ckpt).await });
+    }
+
+    /// An empty segment buffer: a recycled one if there is one.
+    pub(crate) fn take_buffer(&self) -> Vec<u8> {
+        self.buffer_pool
+            .lock()
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(self.config.segment_bytes as usize))
+    }
+
+    /// Keeps an uploaded segment's buffer for reuse (at most a few).
+    pub(crate) fn recycle_buffer(&self, buffer: Vec<u8>) {
+        let mut pool = self.buffer_pool.lock();
+        if pool.len() < BUFFER_POOL_MAX && buffer.capacity() as u64 <= 2 * self.config.segment_bytes
+        {
+            pool.push(buffer);
+        }
+    }
+
+    /// Seals the open segment if it is older than the configured age.
+    pub(crate) fn seal_if_old(self: &Arc<Self>) {
+        let mut st = self.state.lock();
+        let age_ms = st.open.opened_at.elapsed().as_millis() as u64;
+        if !st.open.is_empty() && age_ms >= self.config.segment_max_age_ms {
+            self.seal_locked(&mut st, false);
+        }
+    }
+}

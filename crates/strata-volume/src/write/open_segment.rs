@@ -1,0 +1,147 @@
+//! The tail of the log in memory: the open segment that writes go into,
+//! and sealed segments waiting for (or in) their upload.
+//!
+//! Owns segment *contents* before they are objects; the object's byte layout
+//! is `format/segment.rs`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::format::segment::{self, Entry, EntryKind, JournalSpan};
+
+/// The tail of the log, in memory.
+#[derive(Debug)]
+pub struct OpenSegment {
+    pub seq: u64,
+    pub data: Vec<u8>,
+    pub entries: Vec<Entry>,
+    pub span: JournalSpan,
+    /// Journal bytes the entries cost: what the write buffer budget counts.
+    pub cost_bytes: u64,
+    pub opened_at: std::time::Instant,
+}
+
+impl OpenSegment {
+    /// A new open segment writing into `buffer` (emptied; recycled buffers
+    /// avoid touching fresh memory for every segment).
+    pub fn new(seq: u64, mut buffer: Vec<u8>, journal_id: [u8; 16]) -> Self {
+        buffer.clear();
+        OpenSegment {
+            seq,
+            data: buffer,
+            entries: Vec::new(),
+            span: JournalSpan {
+                journal_id,
+                ..JournalSpan::default()
+            },
+            cost_bytes: 0,
+            opened_at: std::time::Instant::now(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Appends an operation; returns the data offset of a write's bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push(
+        &mut self,
+        kind: EntryKind,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+        cost_bytes: u64,
+        jseq: u64,
+        end_lpos: u64,
+    ) -> u64 {
+        let data_offset = self.data.len() as u64;
+        if kind == EntryKind::Write {
+            debug_assert_eq!(data.len() as u64, len);
+            self.data.extend_from_slice(data);
+        }
+        self.entries.push(Entry {
+            kind,
+            offset,
+            len,
+            data_offset,
+        });
+        if self.span.first_jseq == 0 {
+            self.span.first_jseq = jseq;
+        }
+        debug_assert!(jseq > self.span.last_jseq);
+        self.span.last_jseq = jseq;
+        self.span.end_lpos = end_lpos;
+        self.cost_bytes += cost_bytes;
+        data_offset
+    }
+
+    pub fn seal(self) -> SealedSegment {
+        SealedSegment {
+            seq: self.seq,
+            data: Arc::new(self.data),
+            entries: self.entries,
+            span: self.span,
+            cost_bytes: self.cost_bytes,
+        }
+    }
+}
+
+/// A sealed segment, in memory until its upload is done.
+#[derive(Debug)]
+pub struct SealedSegment {
+    pub seq: u64,
+    pub data: Arc<Vec<u8>>,
+    pub entries: Vec<Entry>,
+    pub span: JournalSpan,
+    pub cost_bytes: u64,
+}
+
+/// Lets a sealed segment's buffer be an upload payload without a copy.
+struct SharedData(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedData {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl SealedSegment {
+    /// The data area as `Bytes` sharing this segment's buffer.
+    pub fn data_bytes(&self) -> Bytes {
+        Bytes::from_owner(SharedData(self.data.clone()))
+    }
+
+    /// The header of the object (the data area follows it).
+    pub fn encode_header(&self, volume_uuid: &[u8; 16]) -> Vec<u8> {
+        segment::encode_header(self.seq, volume_uuid, &self.span, &self.entries, &self.data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::segment::{FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
+
+    #[test]
+    fn a_sealed_segment_encodes_what_was_pushed() {
+        let mut s = OpenSegment::new(7, Vec::new(), [9; 16]);
+        let data = vec![3u8; 5000];
+        assert_eq!(s.push(EntryKind::Write, 4096, 5000, &data, 1, 1, 100), 0);
+        s.push(EntryKind::Unmap, 0, 1 << 20, &[], 1, 2, 140);
+        assert_eq!(s.push(EntryKind::Write, 0, 5000, &data, 1, 3, 180), 5000);
+        let sealed = s.seal();
+        let h = sealed.encode_header(&[5; 16]);
+        let fixed = FixedHeader::decode(&h).unwrap();
+        assert_eq!(
+            (fixed.seq, fixed.span.first_jseq, fixed.span.last_jseq),
+            (7, 1, 3)
+        );
+        let (idx, entries) =
+            SegmentIndex::decode_tables(fixed, &h[FIXED_HEADER_BYTES..], 1 << 30).unwrap();
+        assert_eq!(entries, sealed.entries);
+        assert!(idx.verify(0, &sealed.data).is_ok());
+        assert_eq!(sealed.data_bytes().len(), 10000);
+    }
+}

@@ -1,0 +1,105 @@
+//! The write side's state behind the volume lock: the extent map, the open
+//! segment, sealed segments waiting for upload, and how far the store has
+//! caught up.
+//!
+//! Owns the rules that keep them consistent: an operation goes to the open
+//! segment and the map together (`apply_op`, shared by the write path and
+//! journal replay); sealing opens the next segment; an upload is durable
+//! only once every earlier one is (`mark_uploaded`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::open_segment::{OpenSegment, SealedSegment};
+use crate::format::journal::RecordKind;
+use crate::format::segment::{EntryKind, JournalSpan};
+use crate::map::{ExtentMap, Target};
+
+/// Mutable state behind the volume lock.
+pub(crate) struct State {
+    pub map: ExtentMap,
+    pub open: OpenSegment,
+    /// Sealed segments still in memory: uploading, or uploaded but not yet
+    /// contiguous with `durable_seq`.
+    pub sealed: BTreeMap<u64, Arc<SealedSegment>>,
+    pub uploaded: BTreeSet<u64>,
+    /// Journal bytes of everything in memory (open + sealed).
+    pub buffered_cost_bytes: u64,
+    /// Every segment up to this one is in the store.
+    pub durable_seq: u64,
+    pub segments_since_checkpoint: u64,
+    /// Journal span of the newest sealed segment (or of the checkpoint or
+    /// segment recovery ended with).
+    pub last_sealed_span: JournalSpan,
+    /// Highest checkpoint requested / stored.
+    pub checkpoint_requested_seq: u64,
+    pub checkpoint_done_seq: u64,
+    pub failed: Option<String>,
+}
+
+impl State {
+    /// Seals the open segment into `sealed` and opens the next one in
+    /// `buffer` (the write path and journal replay share this).
+    pub(crate) fn seal_open(&mut self, buffer: Vec<u8>) -> Arc<SealedSegment> {
+        let next = OpenSegment::new(self.open.seq + 1, buffer, self.open.span.journal_id);
+        let sealed = Arc::new(std::mem::replace(&mut self.open, next).seal());
+        self.sealed.insert(sealed.seq, sealed.clone());
+        self.last_sealed_span = sealed.span;
+        self.segments_since_checkpoint += 1;
+        sealed
+    }
+
+    /// Records an upload; advances `durable_seq` over contiguous uploads and
+    /// frees their memory. Returns the journal position everything before
+    /// which is now in the store, if it moved.
+    pub(crate) fn mark_uploaded(&mut self, seq: u64) -> Option<u64> {
+        self.uploaded.insert(seq);
+        let mut release_lpos = None;
+        loop {
+            let next = self.durable_seq + 1;
+            if !self.uploaded.remove(&next) {
+                break;
+            }
+            self.durable_seq += 1;
+            let durable = self.durable_seq;
+            if let Some(s) = self.sealed.remove(&durable) {
+                self.buffered_cost_bytes -= s.cost_bytes;
+                release_lpos = Some(s.span.end_lpos);
+            }
+        }
+        release_lpos
+    }
+}
+
+/// Applies one logged operation to the open segment and the map (the write
+/// path and journal replay share this).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn apply_op(
+    st: &mut State,
+    kind: RecordKind,
+    offset: u64,
+    len: u64,
+    data: &[u8],
+    cost: u64,
+    jseq: u64,
+    end_lpos: u64,
+) {
+    let entry_kind = match kind {
+        RecordKind::Write => EntryKind::Write,
+        RecordKind::Zero => EntryKind::Zero,
+        RecordKind::Unmap | RecordKind::Wrap => EntryKind::Unmap,
+    };
+    let data_offset = st
+        .open
+        .push(entry_kind, offset, len, data, cost, jseq, end_lpos);
+    let target = match entry_kind {
+        EntryKind::Write => Some(Target::Data {
+            seq: st.open.seq,
+            offset: data_offset,
+        }),
+        EntryKind::Zero => Some(Target::Zero),
+        EntryKind::Unmap => None,
+    };
+    st.map.set(offset, len, target);
+    st.buffered_cost_bytes += cost;
+}
