@@ -1,8 +1,9 @@
 //! Injecting failures and latency into an object store, for tests.
 //!
-//! This module owns [`FaultInjectingObjectStore`], its configuration
-//! [`FaultConfig`] (and the `key=value,...` syntax the `STRATA_FAULTS`
-//! variable uses) and its counters [`FaultStats`].
+//! This module owns [`FaultInjectingObjectStore`], which applies a
+//! [`FaultConfig`] (defined, with its `key=value,...` syntax, in
+//! `fault_config`) to the calls it passes on, and its counters
+//! [`FaultStats`].
 //!
 //! Each trait method call is one "call" (numbered from 1 in arrival order).
 //! A call first sleeps the added latency (plus jitter), then fails with an
@@ -23,7 +24,6 @@
 
 use std::fmt;
 use std::ops::Range;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,156 +39,10 @@ use object_store::{
 use serde::Serialize;
 
 use crate::env::{unit_interval, up_to_inclusive, Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
+use crate::fault_config::FaultConfig;
 
 /// The `store` field of injected `Error::Generic`s.
 pub const FAULT_INJECTION_STORE: &str = "fault-injection";
-
-/// What to inject. The default injects nothing.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FaultConfig {
-    /// Probability in `[0, 1]` that a call fails before reaching the store.
-    pub error_rate: f64,
-    /// Latency added to every call.
-    pub added_latency_ms: u64,
-    /// Up to this much more latency, uniformly drawn per call.
-    pub latency_jitter_ms: u64,
-    /// Fail exactly this call (1-based, counting every call).
-    pub fail_nth: Option<u64>,
-    /// Probability in `[0, 1]` that a mutating call that succeeded on the
-    /// store is reported as failed.
-    pub lost_reply_rate: f64,
-    /// Seed for the fault and jitter draws (reproducible runs); from the
-    /// clock when absent.
-    pub seed: Option<u64>,
-}
-
-/// Why a fault string was refused. Every message names the offending key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FaultConfigError {
-    #[error("fault config: unknown key {key:?} (known keys: {})", FAULT_KEYS.join(", "))]
-    UnknownKey { key: String },
-    #[error("fault config: bad value {value:?} for {key}: {reason}")]
-    BadValue {
-        key: String,
-        value: String,
-        reason: String,
-    },
-    #[error("fault config: entry {entry:?} is not of the form key=value")]
-    NotKeyValue { entry: String },
-    #[error("fault config: key {key} given twice")]
-    DuplicateKey { key: String },
-}
-
-/// The keys [`FaultConfig::parse`] accepts.
-pub const FAULT_KEYS: [&str; 6] = [
-    "error_rate",
-    "latency_ms",
-    "jitter_ms",
-    "fail_nth",
-    "lost_reply_rate",
-    "seed",
-];
-
-impl FaultConfig {
-    /// Parses `key=value` pairs separated by commas, e.g.
-    /// `error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=42`.
-    /// Keys left out keep their default (no fault); an empty string is the
-    /// default configuration.
-    pub fn parse(text: &str) -> Result<FaultConfig, FaultConfigError> {
-        let mut config = FaultConfig::default();
-        let mut seen: Vec<&str> = Vec::new();
-        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let Some((key, value)) = entry.split_once('=') else {
-                return Err(FaultConfigError::NotKeyValue {
-                    entry: entry.to_string(),
-                });
-            };
-            let (key, value) = (key.trim(), value.trim());
-            if seen.contains(&key) {
-                return Err(FaultConfigError::DuplicateKey {
-                    key: key.to_string(),
-                });
-            }
-            config.set(key, value)?;
-            seen.push(key);
-        }
-        Ok(config)
-    }
-
-    fn set(&mut self, key: &str, value: &str) -> Result<(), FaultConfigError> {
-        match key {
-            "error_rate" => self.error_rate = parse_probability(key, value)?,
-            "latency_ms" => self.added_latency_ms = parse_u64(key, value)?,
-            "jitter_ms" => self.latency_jitter_ms = parse_u64(key, value)?,
-            "fail_nth" => self.fail_nth = Some(parse_call_number(key, value)?),
-            "lost_reply_rate" => self.lost_reply_rate = parse_probability(key, value)?,
-            "seed" => self.seed = Some(parse_u64(key, value)?),
-            _ => {
-                return Err(FaultConfigError::UnknownKey {
-                    key: key.to_string(),
-                })
-            }
-        }
-        Ok(())
-    }
-}
-
-impl FromStr for FaultConfig {
-    type Err = FaultConfigError;
-
-    fn from_str(text: &str) -> Result<FaultConfig, FaultConfigError> {
-        FaultConfig::parse(text)
-    }
-}
-
-/// The syntax [`FaultConfig::parse`] reads, for logs.
-impl fmt::Display for FaultConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "error_rate={},latency_ms={},jitter_ms={},lost_reply_rate={}",
-            self.error_rate, self.added_latency_ms, self.latency_jitter_ms, self.lost_reply_rate
-        )?;
-        if let Some(n) = self.fail_nth {
-            write!(f, ",fail_nth={n}")?;
-        }
-        if let Some(seed) = self.seed {
-            write!(f, ",seed={seed}")?;
-        }
-        Ok(())
-    }
-}
-
-fn bad_value(key: &str, value: &str, reason: impl Into<String>) -> FaultConfigError {
-    FaultConfigError::BadValue {
-        key: key.to_string(),
-        value: value.to_string(),
-        reason: reason.into(),
-    }
-}
-
-fn parse_u64(key: &str, value: &str) -> Result<u64, FaultConfigError> {
-    value
-        .parse::<u64>()
-        .map_err(|e| bad_value(key, value, format!("expected a whole number: {e}")))
-}
-
-fn parse_call_number(key: &str, value: &str) -> Result<u64, FaultConfigError> {
-    match parse_u64(key, value)? {
-        0 => Err(bad_value(key, value, "calls are numbered from 1")),
-        n => Ok(n),
-    }
-}
-
-fn parse_probability(key: &str, value: &str) -> Result<f64, FaultConfigError> {
-    let p = value
-        .parse::<f64>()
-        .map_err(|e| bad_value(key, value, format!("expected a number: {e}")))?;
-    if !(0.0..=1.0).contains(&p) {
-        return Err(bad_value(key, value, "must be between 0 and 1"));
-    }
-    Ok(p)
-}
 
 /// Counters of one [`FaultInjectingObjectStore`].
 #[derive(Debug, Default)]
@@ -541,53 +395,6 @@ mod tests {
     fn is_injected(error: &Error) -> bool {
         matches!(error, Error::Generic { store, .. } if *store == FAULT_INJECTION_STORE)
             && error.to_string().contains("injected fault")
-    }
-
-    #[test]
-    fn parse_accepts_the_documented_example() {
-        let text = "error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01";
-        let config = FaultConfig::parse(text).unwrap();
-        let expected = FaultConfig {
-            error_rate: 0.05,
-            added_latency_ms: 20,
-            latency_jitter_ms: 10,
-            fail_nth: Some(7),
-            lost_reply_rate: 0.01,
-            seed: None,
-        };
-        assert_eq!(config, expected);
-        assert_eq!(FaultConfig::parse(&config.to_string()).unwrap(), config);
-        assert_eq!(FaultConfig::parse("").unwrap(), FaultConfig::default());
-        let spaced: FaultConfig = " seed = 3 , error_rate=1 ,".parse().unwrap();
-        assert_eq!((spaced.seed, spaced.error_rate), (Some(3), 1.0));
-    }
-
-    #[test]
-    fn parse_rejects_bad_input_naming_the_key() {
-        let cases = [
-            ("error_rate=2", "error_rate"),
-            ("foo=1", "foo"),
-            ("latency_ms=x", "latency_ms"),
-            ("lost_reply_rate=-0.1", "lost_reply_rate"),
-            ("fail_nth=0", "fail_nth"),
-            ("jitter_ms=1.5", "jitter_ms"),
-            ("error_rate", "error_rate"),
-            ("seed=1,seed=2", "seed"),
-        ];
-        for (text, key) in cases {
-            let error = FaultConfig::parse(text).unwrap_err().to_string();
-            assert!(error.contains(key), "{text:?} gave {error:?}");
-        }
-        let error = FaultConfig::parse("error_rate=2").unwrap_err();
-        assert!(
-            matches!(error, FaultConfigError::BadValue { .. }),
-            "{error}"
-        );
-        let error = FaultConfig::parse("foo=1").unwrap_err();
-        assert!(
-            matches!(error, FaultConfigError::UnknownKey { .. }),
-            "{error}"
-        );
     }
 
     #[tokio::test]

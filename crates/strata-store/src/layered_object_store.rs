@@ -30,16 +30,15 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use serde::Serialize;
 
+use crate::fault_config::FaultConfig;
 use crate::fault_injecting_object_store::{
-    FaultConfig, FaultInjectingObjectStore, FaultStats, FaultStatsSnapshot,
+    FaultInjectingObjectStore, FaultStats, FaultStatsSnapshot,
 };
-use crate::instrumented_object_store::{
-    InstrumentedObjectStore, StoreMetrics, StoreMetricsSnapshot,
-};
+use crate::instrumented_object_store::InstrumentedObjectStore;
 use crate::limited_object_store::{LimitStats, LimitStatsSnapshot, LimitedObjectStore};
-use crate::retrying_object_store::{
-    RetryPolicy, RetryStats, RetryStatsSnapshot, RetryingObjectStore,
-};
+use crate::retry_policy::RetryPolicy;
+use crate::retrying_object_store::{RetryStats, RetryStatsSnapshot, RetryingObjectStore};
+use crate::store_metrics::{StoreMetrics, StoreMetricsSnapshot};
 
 /// Default bound on requests in flight to one store.
 pub const DEFAULT_MAX_IN_FLIGHT_REQUESTS: usize = 64;

@@ -15,15 +15,18 @@
 
 mod counting_http_connector;
 mod env;
+mod fault_config;
 mod fault_injecting_object_store;
 mod instrumented_object_store;
 mod layered_object_store;
 mod limited_object_store;
 mod local_reader;
 mod names;
+mod retry_policy;
 mod retrying_object_store;
 mod s3_config;
 mod store;
+mod store_metrics;
 #[cfg(test)]
 mod test_support;
 
@@ -35,17 +38,17 @@ pub use object_store;
 pub use store::{Store, StoreError, StoreStats};
 
 pub use env::{unit_interval, up_to_inclusive, Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
+pub use fault_config::{FaultConfig, FaultConfigError, FAULT_KEYS};
 pub use fault_injecting_object_store::{
-    FaultConfig, FaultConfigError, FaultInjectingObjectStore, FaultStats, FaultStatsSnapshot,
-    FAULT_INJECTION_STORE, FAULT_KEYS,
+    FaultInjectingObjectStore, FaultStats, FaultStatsSnapshot, FAULT_INJECTION_STORE,
 };
-pub use instrumented_object_store::{
-    InstrumentedObjectStore, OpMetricsSnapshot, StoreMetrics, StoreMetricsSnapshot, StoreOp,
-};
+pub use instrumented_object_store::InstrumentedObjectStore;
 pub use layered_object_store::{
     layer, LayerConfig, Layered, LayeredSnapshot, DEFAULT_MAX_IN_FLIGHT_REQUESTS,
 };
 pub use limited_object_store::{LimitStats, LimitStatsSnapshot, LimitedObjectStore};
+pub use retry_policy::RetryPolicy;
 pub use retrying_object_store::{
-    is_transient, RetryPolicy, RetryStats, RetryStatsSnapshot, RetryingObjectStore,
+    is_transient, RetryStats, RetryStatsSnapshot, RetryingObjectStore,
 };
+pub use store_metrics::{OpMetricsSnapshot, StoreMetrics, StoreMetricsSnapshot, StoreOp};

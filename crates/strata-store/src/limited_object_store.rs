@@ -321,7 +321,8 @@ impl MultipartUpload for LimitedUpload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore};
+    use crate::fault_config::FaultConfig;
+    use crate::fault_injecting_object_store::FaultInjectingObjectStore;
     use crate::test_support::CountingObjectStore;
     use futures::TryStreamExt;
     use object_store::memory::InMemory;

@@ -1,8 +1,9 @@
 //! Retrying transient object store failures.
 //!
 //! This module owns [`RetryingObjectStore`], the decision of which
-//! `object_store::Error`s are transient ([`is_transient`]), the backoff
-//! schedule ([`RetryPolicy`]) and the retry counters ([`RetryStats`]).
+//! `object_store::Error`s are transient ([`is_transient`]) and the retry
+//! counters ([`RetryStats`]); the attempt limits and backoff schedule it
+//! follows are a [`RetryPolicy`] (in `retry_policy`).
 //!
 //! Every call that returns a value is retried: `put*`, `get*`, `head`,
 //! `delete`, `copy*`, `rename*`, `list_with_delimiter`. Streaming calls
@@ -55,46 +56,8 @@ use object_store::{
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::env::{up_to_inclusive, Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
-
-/// When and how often to retry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Attempts in all, the first one included; 0 is treated as 1.
-    pub max_attempts: u32,
-    /// Upper bound of the first backoff sleep.
-    pub base_delay_ms: u64,
-    /// Cap on any one backoff sleep.
-    pub max_delay_ms: u64,
-    /// No retry sleep may end later than this after the first attempt began.
-    /// Measured on the tokio clock, so `tokio::time::pause()` applies.
-    pub deadline_ms: u64,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 8,
-            base_delay_ms: 50,
-            max_delay_ms: 5_000,
-            deadline_ms: 60_000,
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// Upper bound of the sleep before retry number `retry` (1-based).
-    pub fn delay_cap_ms(&self, retry: u32) -> u64 {
-        let shift = retry.saturating_sub(1).min(63);
-        let exponential_ms = self.base_delay_ms.saturating_mul(1u64 << shift);
-        exponential_ms.min(self.max_delay_ms)
-    }
-
-    /// The (full-jitter) sleep before retry number `retry` (1-based).
-    pub fn backoff_delay_ms(&self, retry: u32, entropy: &dyn Entropy) -> u64 {
-        up_to_inclusive(entropy, self.delay_cap_ms(retry))
-    }
-}
+use crate::env::{Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
+use crate::retry_policy::RetryPolicy;
 
 /// Whether an error may go away if the same request is sent again.
 ///
@@ -400,7 +363,8 @@ impl<T: ObjectStore> ObjectStore for RetryingObjectStore<T> {
 mod tests {
     use super::*;
     use crate::env::SplitMixEntropy;
-    use crate::fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore};
+    use crate::fault_config::FaultConfig;
+    use crate::fault_injecting_object_store::FaultInjectingObjectStore;
     use crate::test_support::{CountingObjectStore, RecordingSleeper};
     use object_store::memory::InMemory;
     use object_store::PutMode;

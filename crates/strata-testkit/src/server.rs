@@ -172,69 +172,32 @@ extern "C" fn stop_shared() {
     });
 }
 
+/// Starts MinIO in a fresh directory and waits until it is healthy,
+/// retrying with new ports while the ports it was given turn out taken.
 fn start(tls: bool) -> MinioServer {
     let bin = crate::minio_bin();
-    let dir = match tempfile::Builder::new().prefix("strata-minio-").tempdir() {
-        Ok(dir) => dir,
-        Err(e) => panic!("creating a temporary directory for MinIO: {e}"),
-    };
-    let data = dir.path().join("data");
-    if let Err(e) = std::fs::create_dir(&data) {
-        panic!("creating {}: {e}", data.display());
-    }
-    let (scheme, ca, certs) = if tls {
-        let (ca, certs) = make_certs(dir.path());
-        ("https", Some(ca), Some(certs))
-    } else {
-        ("http", None, None)
-    };
-    let log = dir.path().join("minio.log");
-
+    let files = ServerFiles::create(tls);
     for attempt in 1..=START_ATTEMPTS {
         // A fresh log per attempt, so the port check below reads this one.
-        let _ = std::fs::remove_file(&log);
-        let (port, console_port) = match (node::free_port(), node::free_port()) {
-            (Ok(a), Ok(b)) if a != b => (a, b),
-            (Err(e), _) | (_, Err(e)) => panic!("finding a free port on 127.0.0.1: {e}"),
-            _ => continue,
+        let _ = std::fs::remove_file(&files.log);
+        let Some((port, console_port)) = two_free_ports() else {
+            continue;
         };
-        let mut args: Vec<OsString> = vec![
-            "server".into(),
-            data.clone().into(),
-            "--address".into(),
-            format!("127.0.0.1:{port}").into(),
-            "--console-address".into(),
-            format!("127.0.0.1:{console_port}").into(),
-        ];
-        if let Some(certs) = &certs {
-            args.push("--certs-dir".into());
-            args.push(certs.clone().into());
-        }
-        let spawn = Spawn {
-            program: bin.clone(),
-            args,
-            envs: server_env(),
-            log: log.clone(),
-        };
-        let endpoint = format!("{scheme}://127.0.0.1:{port}");
+        let endpoint = format!("{}://127.0.0.1:{port}", files.scheme());
         let started = Instant::now();
-        let node = match Node::start(spawn, endpoint.clone(), ca.clone()) {
-            Ok(node) => node,
-            Err(e) => panic!("starting {}: {e}", bin.display()),
-        };
-        let healthy = node::wait_healthy(&[&node], HEALTHY_TIMEOUT);
-        match healthy {
+        let node = spawn_node(&bin, &files, port, console_port, &endpoint);
+        match node::wait_healthy(&[&node], HEALTHY_TIMEOUT) {
             Ok(()) => {
                 eprintln!(
                     "strata-testkit: MinIO at {endpoint} healthy after {:.1?} (log {})",
                     started.elapsed(),
-                    log.display()
+                    files.log.display()
                 );
                 return MinioServer {
                     node,
                     port,
                     endpoint,
-                    dir,
+                    dir: files.dir,
                 };
             }
             // MinIO says "Specified port is already in use".
@@ -243,20 +206,114 @@ fn start(tls: bool) -> MinioServer {
             {
                 continue;
             }
-            Err((_, why)) => {
-                let tail = node.log_tail();
-                drop(node);
-                let kept = dir.keep();
-                panic!(
-                    "MinIO at {endpoint} {why} (its files are kept in {})\n{tail}",
-                    kept.display()
-                );
-            }
+            Err((_, why)) => give_up(node, files.dir, &endpoint, &why),
         }
     }
     panic!(
         "MinIO found its port taken {START_ATTEMPTS} times\n{}",
-        node::log_tail(&log)
+        node::log_tail(&files.log)
+    );
+}
+
+/// The files of one server, made once and shared by its start attempts
+/// (only the ports change between them).
+struct ServerFiles {
+    /// Removed when the server is dropped, unless kept for a post-mortem.
+    dir: TempDir,
+    /// MinIO's data directory.
+    data: PathBuf,
+    /// MinIO's stdout and stderr.
+    log: PathBuf,
+    /// The CA certificate and the `--certs-dir`, in TLS mode.
+    tls: Option<(PathBuf, PathBuf)>,
+}
+
+impl ServerFiles {
+    /// A temporary directory with an empty data directory and, in TLS mode,
+    /// a fresh test PKI.
+    fn create(tls: bool) -> ServerFiles {
+        let dir = match tempfile::Builder::new().prefix("strata-minio-").tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("creating a temporary directory for MinIO: {e}"),
+        };
+        let data = dir.path().join("data");
+        if let Err(e) = std::fs::create_dir(&data) {
+            panic!("creating {}: {e}", data.display());
+        }
+        let tls = tls.then(|| make_certs(dir.path()));
+        let log = dir.path().join("minio.log");
+        ServerFiles {
+            dir,
+            data,
+            log,
+            tls,
+        }
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    fn ca(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|(ca, _)| ca.clone())
+    }
+}
+
+/// Two distinct free ports on 127.0.0.1 (API, console); `None` when the OS
+/// happened to hand out the same one twice, which the caller retries.
+fn two_free_ports() -> Option<(u16, u16)> {
+    match (node::free_port(), node::free_port()) {
+        (Ok(a), Ok(b)) if a != b => Some((a, b)),
+        (Err(e), _) | (_, Err(e)) => panic!("finding a free port on 127.0.0.1: {e}"),
+        _ => None,
+    }
+}
+
+/// Launches MinIO on the given ports; does not wait for it.
+fn spawn_node(
+    bin: &Path,
+    files: &ServerFiles,
+    port: u16,
+    console_port: u16,
+    endpoint: &str,
+) -> Node {
+    let mut args: Vec<OsString> = vec![
+        "server".into(),
+        files.data.clone().into(),
+        "--address".into(),
+        format!("127.0.0.1:{port}").into(),
+        "--console-address".into(),
+        format!("127.0.0.1:{console_port}").into(),
+    ];
+    if let Some((_, certs)) = &files.tls {
+        args.push("--certs-dir".into());
+        args.push(certs.clone().into());
+    }
+    let spawn = Spawn {
+        program: bin.to_path_buf(),
+        args,
+        envs: server_env(),
+        log: files.log.clone(),
+    };
+    match Node::start(spawn, endpoint.to_owned(), files.ca()) {
+        Ok(node) => node,
+        Err(e) => panic!("starting {}: {e}", bin.display()),
+    }
+}
+
+/// Panics with the tail of MinIO's log, after killing it and keeping its
+/// files for a post-mortem.
+fn give_up(node: Node, dir: TempDir, endpoint: &str, why: &NotHealthy) -> ! {
+    let tail = node.log_tail();
+    drop(node);
+    let kept = dir.keep();
+    panic!(
+        "MinIO at {endpoint} {why} (its files are kept in {})\n{tail}",
+        kept.display()
     );
 }
 

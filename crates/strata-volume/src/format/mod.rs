@@ -17,3 +17,6 @@ pub mod journal;
 pub mod lease;
 pub mod manifest;
 pub mod segment;
+
+#[cfg(test)]
+mod random_tests;
