@@ -41,7 +41,9 @@ pub use config::{Durability, VolumeConfig, DEFAULT_LEASE_TTL_MS, MIN_LEASE_TTL_M
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::manifest::Manifest;
+pub use map::SegmentUsage;
 pub use read::{
     CacheStats, DiskCacheStats, ReadAheadStats, ReadPathStats, SharedCaches, StoreReadStats,
 };
 pub use volume::{Allocation, Volume, VolumeStats};
+pub use write::state::SpaceUsage;

@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use super::segment_usage::SegmentUsage;
+
 /// Longest single extent; longer ranges are split (keeps `len` in a u32).
 pub const MAX_EXTENT_BYTES: u64 = (u32::MAX as u64) & !4095;
 
@@ -80,6 +82,9 @@ pub struct ExtentRecord {
 #[derive(Debug, Default, Clone)]
 pub struct ExtentMap {
     map: BTreeMap<u64, Ext>,
+    /// Live bytes per segment, kept in step with `map` by `punch` and
+    /// `insert_merging` (the only two places that change it).
+    usage: SegmentUsage,
 }
 
 impl ExtentMap {
@@ -133,6 +138,7 @@ impl ExtentMap {
         if let Some((&k, &e)) = self.map.range(..start).next_back() {
             let e_end = k + u64::from(e.len);
             if e_end > start {
+                self.unaccount(&e, e_end.min(end) - start);
                 self.map.insert(
                     k,
                     Ext {
@@ -148,14 +154,25 @@ impl ExtentMap {
         while let Some((&k, &e)) = self.map.range(start..end).next() {
             self.map.remove(&k);
             let e_end = k + u64::from(e.len);
+            self.unaccount(&e, e_end.min(end) - k);
             if e_end > end {
                 self.map.insert(end, e.advanced(end - k));
             }
         }
     }
 
+    /// `bytes` of extent `e` left the map.
+    fn unaccount(&mut self, e: &Ext, bytes: u64) {
+        if e.seq != ZERO_SEQ {
+            self.usage.remove(e.seq, bytes);
+        }
+    }
+
     /// Inserts into a punched range, merging with a contiguous predecessor.
     fn insert_merging(&mut self, start: u64, ext: Ext) {
+        if ext.seq != ZERO_SEQ {
+            self.usage.add(ext.seq, u64::from(ext.len));
+        }
         if let Some((&k, prev)) = self.map.range_mut(..start).next_back() {
             let contiguous = k + u64::from(prev.len) == start
                 && prev.seq == ext.seq
@@ -256,6 +273,23 @@ impl ExtentMap {
             .sum()
     }
 
+    /// Live bytes per segment, as kept on every change.
+    pub fn usage(&self) -> &SegmentUsage {
+        &self.usage
+    }
+
+    /// Live bytes per segment computed from the extents alone (to check the
+    /// kept table against: a difference is a bug).
+    pub fn recompute_usage(&self) -> SegmentUsage {
+        let mut usage = SegmentUsage::default();
+        for e in self.map.values().filter(|e| e.seq != ZERO_SEQ) {
+            usage.add(e.seq, u64::from(e.len));
+        }
+        usage
+    }
+
+    /// Panics unless extents are non-empty, ordered, non-overlapping, and
+    /// the kept usage equals a recomputation. O(extents): tests and fuzzing.
     pub fn check_invariants(&self) {
         let mut prev_end = 0u64;
         for (&k, e) in &self.map {
@@ -263,6 +297,11 @@ impl ExtentMap {
             assert!(k >= prev_end, "overlap at {k}");
             prev_end = k + u64::from(e.len);
         }
+        assert_eq!(
+            self.usage,
+            self.recompute_usage(),
+            "live bytes per segment drifted"
+        );
     }
 }
 
@@ -321,6 +360,13 @@ mod tests {
             }
             map.check_invariants();
             if step % 97 == 0 {
+                let mut live = [0u64; 3];
+                for (seq, _) in model.iter().flatten().filter(|t| t.0 != u64::MAX) {
+                    live[*seq as usize] += 1;
+                }
+                for seq in 0..3 {
+                    assert_eq!(map.usage().live_bytes(seq), live[seq as usize], "seq {seq}");
+                }
                 let got = resolve(&map, size);
                 for (i, got) in got.iter().enumerate() {
                     assert_eq!(*got, model_get(&model, i), "byte {i} step {step}");

@@ -79,6 +79,7 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
         ),
         sealed: BTreeMap::new(),
         uploaded: BTreeSet::new(),
+        stored: rec.stored,
         buffered_cost_bytes: 0,
         durable_seq: rec.next_seq - 1,
         segments_since_checkpoint: rec.next_seq - 1 - rec.checkpoint_seq,

@@ -1,6 +1,8 @@
 //! Recovery from the store: the latest checkpoint, then the segments
 //! stored after it, while contiguous.
 
+use std::collections::BTreeMap;
+
 use strata_store::{ObjectNames, Store};
 
 use crate::error::VolumeError;
@@ -17,6 +19,8 @@ pub(crate) struct Recovered {
     /// Journal span of the last segment (or checkpoint) applied.
     pub span: Option<JournalSpan>,
     pub checkpoint_seq: u64,
+    /// Object bytes of the stored segments before `next_seq`.
+    pub stored: BTreeMap<u64, u64>,
 }
 
 /// Steps 1 and 2: the checkpoint's map, then every contiguous later
@@ -49,11 +53,13 @@ pub(crate) async fn recover_from_store(
         next += 1;
     }
     delete_orphans(store, names, &orphans).await?;
+    let stored = segments.into_iter().filter(|s| s.0 < next).collect();
     Ok(Recovered {
         map,
         next_seq: next,
         span,
         checkpoint_seq: base,
+        stored,
     })
 }
 

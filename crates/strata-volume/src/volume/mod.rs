@@ -39,7 +39,7 @@ use crate::error::VolumeError;
 use crate::ownership::{ManifestWriter, Ownership};
 use crate::read::{CacheStats, SharedCaches};
 use crate::write::journal::Journal;
-use crate::write::state::State;
+use crate::write::state::{SpaceUsage, State};
 
 /// Allocation state of a range (for NBD block status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,10 @@ pub struct VolumeStats {
     /// The server's RAM chunk cache (shared by all volumes); every tier is
     /// in `SharedCaches::stats`.
     pub chunk_cache: CacheStats,
+    /// Segment objects in the store, and how much of them is live.
+    pub space: SpaceUsage,
+    /// `space.stored_bytes - space.live_bytes`: what GC can reclaim.
+    pub garbage_bytes: u64,
 }
 
 pub struct Volume {
@@ -163,9 +167,11 @@ impl Volume {
     pub fn stats(&self) -> VolumeStats {
         let reader = self.reader();
         let st = self.state.lock();
+        let space = st.space_usage();
         VolumeStats {
             extents: st.map.len() as u64,
-            mapped_data_bytes: st.map.data_bytes(),
+            // O(segments), not O(extents): the lock is held.
+            mapped_data_bytes: st.map.usage().total_live_bytes(),
             open_segment_seq: st.open.seq,
             durable_seq: st.durable_seq,
             buffered_bytes: st.buffered_cost_bytes,
@@ -174,6 +180,8 @@ impl Volume {
             store_reads: reader.gets.load(Ordering::Relaxed),
             store_read_bytes: reader.get_bytes.load(Ordering::Relaxed),
             chunk_cache: self.caches.chunk_stats(),
+            garbage_bytes: space.garbage_bytes(),
+            space,
         }
     }
 

@@ -49,7 +49,7 @@ impl Volume {
         self.bytes_uploaded
             .fetch_add(object_bytes, Ordering::Relaxed);
         let seq = sealed.seq;
-        self.mark_uploaded(seq);
+        self.mark_uploaded(seq, object_bytes);
         // Last holder of the buffer (the common case): recycle it.
         if let Some(buffer) = Arc::into_inner(sealed).and_then(|s| Arc::into_inner(s.data)) {
             self.recycle_buffer(buffer);
@@ -61,8 +61,8 @@ impl Volume {
 
     /// Records an upload; advances `durable_seq` over contiguous uploads,
     /// frees their memory and journal space.
-    fn mark_uploaded(&self, seq: u64) {
-        let release_lpos = self.state.lock().mark_uploaded(seq);
+    fn mark_uploaded(&self, seq: u64, object_bytes: u64) {
+        let release_lpos = self.state.lock().mark_uploaded(seq, object_bytes);
         if let Some(lpos) = release_lpos {
             self.journal.release_to(lpos);
         }

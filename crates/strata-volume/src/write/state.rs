@@ -23,6 +23,9 @@ pub(crate) struct State {
     /// contiguous with `durable_seq`.
     pub sealed: BTreeMap<u64, Arc<SealedSegment>>,
     pub uploaded: BTreeSet<u64>,
+    /// Object bytes of every segment in the store that recovery or the map
+    /// may need (what garbage collection weighs live bytes against).
+    pub stored: BTreeMap<u64, u64>,
     /// Journal bytes of everything in memory (open + sealed).
     pub buffered_cost_bytes: u64,
     /// Every segment up to this one is in the store.
@@ -52,8 +55,9 @@ impl State {
     /// Records an upload; advances `durable_seq` over contiguous uploads and
     /// frees their memory. Returns the journal position everything before
     /// which is now in the store, if it moved.
-    pub(crate) fn mark_uploaded(&mut self, seq: u64) -> Option<u64> {
+    pub(crate) fn mark_uploaded(&mut self, seq: u64, object_bytes: u64) -> Option<u64> {
         self.uploaded.insert(seq);
+        self.stored.insert(seq, object_bytes);
         let mut release_lpos = None;
         loop {
             let next = self.durable_seq + 1;
@@ -68,6 +72,43 @@ impl State {
             }
         }
         release_lpos
+    }
+}
+
+/// Bytes of the store a volume uses, by what still needs them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpaceUsage {
+    /// Segment objects in the store.
+    pub stored_bytes: u64,
+    /// Bytes of those segments the extent map points at.
+    pub live_bytes: u64,
+    /// Stored segments the map points at.
+    pub live_segments: u64,
+    pub stored_segments: u64,
+}
+
+impl SpaceUsage {
+    /// Stored bytes nothing points at: what garbage collection can reclaim.
+    pub fn garbage_bytes(&self) -> u64 {
+        self.stored_bytes.saturating_sub(self.live_bytes)
+    }
+}
+
+impl State {
+    /// What the volume's stored segments hold, live and not. O(segments).
+    pub(crate) fn space_usage(&self) -> SpaceUsage {
+        let usage = self.map.usage();
+        let mut out = SpaceUsage {
+            stored_segments: self.stored.len() as u64,
+            ..SpaceUsage::default()
+        };
+        for (&seq, &bytes) in &self.stored {
+            out.stored_bytes += bytes;
+            let live = usage.live_bytes(seq);
+            out.live_bytes += live;
+            out.live_segments += u64::from(live > 0);
+        }
+        out
     }
 }
 
