@@ -4,7 +4,7 @@
 //! panic; a truncated or flipped object must be rejected, not misread.
 
 use super::checkpoint::{self, CheckpointInfo};
-use super::fuzzing::decode_everything;
+use super::fuzzing::{decode_everything, decode_with_valid_checksums};
 use super::journal::{encode_record, RecordHeader, RecordKind, Superblock, MIN_RING_BYTES};
 use super::lease::Lease;
 use super::manifest::Manifest;
@@ -127,6 +127,25 @@ fn random_bytes_never_panic() {
     for _ in 0..5_000 {
         let length = rng.below(300);
         decode_everything(&rng.bytes(length));
+    }
+}
+
+#[test]
+fn random_bytes_with_valid_checksums_never_panic() {
+    let mut rng = XorShift(77);
+    for _ in 0..5_000 {
+        let length = rng.below(400);
+        decode_with_valid_checksums(&rng.bytes(length));
+    }
+    // Mutations of valid objects, re-stamped: field checks, not CRCs, must
+    // reject them.
+    for object in valid_objects() {
+        for _ in 0..500 {
+            let mut m = object.clone();
+            let at = rng.below(m.len());
+            m[at] = rng.next() as u8;
+            decode_with_valid_checksums(&m);
+        }
     }
 }
 
