@@ -441,7 +441,11 @@ async fn overwrites_and_trims_become_counted_garbage() {
                 s.space.stored_bytes < written + 64 * 1024,
                 "{backend}: {s:?}"
             );
-            assert_eq!(s.garbage_bytes, s.space.stored_bytes - live, "{backend}");
+            assert_eq!(
+                s.space.garbage_bytes,
+                s.space.stored_bytes - live,
+                "{backend}"
+            );
             before = Some(s.space);
         }
     }

@@ -28,7 +28,7 @@
 //! ```
 
 use super::bytes::{array16, le_u32, le_u64};
-use super::segment::JournalSpan;
+use super::segment::{JournalSpan, JOURNAL_SPAN_BYTES};
 use crate::map::{ExtentMap, ExtentRecord, Target, MAX_EXTENT_BYTES};
 
 const MAGIC: &[u8; 8] = b"STRATCKP";
@@ -52,10 +52,7 @@ pub fn encode(info: &CheckpointInfo, map: &ExtentMap) -> Vec<u8> {
     b.extend_from_slice(&[0u8; 6]);
     b.extend_from_slice(&info.seq.to_le_bytes());
     b.extend_from_slice(&info.volume_uuid);
-    b.extend_from_slice(&info.span.journal_id);
-    b.extend_from_slice(&info.span.first_jseq.to_le_bytes());
-    b.extend_from_slice(&info.span.last_jseq.to_le_bytes());
-    b.extend_from_slice(&info.span.end_lpos.to_le_bytes());
+    info.span.encode_into(&mut b);
     b.extend_from_slice(&info.volume_size_bytes.to_le_bytes());
     b.extend_from_slice(&(map.len() as u64).to_le_bytes());
     b.extend_from_slice(&[0u8; 8]);
@@ -91,12 +88,7 @@ pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
     let info = CheckpointInfo {
         seq: le_u64(&b[16..24]),
         volume_uuid: array16(&b[24..40]),
-        span: JournalSpan {
-            journal_id: array16(&b[40..56]),
-            first_jseq: le_u64(&b[56..64]),
-            last_jseq: le_u64(&b[64..72]),
-            end_lpos: le_u64(&b[72..80]),
-        },
+        span: JournalSpan::decode(&b[40..40 + JOURNAL_SPAN_BYTES]),
         volume_size_bytes: le_u64(&b[80..88]),
     };
     let count = le_u64(&b[88..96]);

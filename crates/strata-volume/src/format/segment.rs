@@ -67,6 +67,31 @@ pub struct JournalSpan {
     pub end_lpos: u64,
 }
 
+/// Bytes a journal span takes in a segment or checkpoint header.
+pub const JOURNAL_SPAN_BYTES: usize = 40;
+
+impl JournalSpan {
+    /// Appends the 40-byte layout both headers share: journal id (16),
+    /// first_jseq, last_jseq, end_lpos (8 each, little endian).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.journal_id);
+        out.extend_from_slice(&self.first_jseq.to_le_bytes());
+        out.extend_from_slice(&self.last_jseq.to_le_bytes());
+        out.extend_from_slice(&self.end_lpos.to_le_bytes());
+    }
+
+    /// Reads the layout of `encode_into` from the first 40 bytes of `b`
+    /// (the caller has checked the length).
+    pub fn decode(b: &[u8]) -> JournalSpan {
+        JournalSpan {
+            journal_id: array16(&b[0..16]),
+            first_jseq: le_u64(&b[16..24]),
+            last_jseq: le_u64(&b[24..32]),
+            end_lpos: le_u64(&b[32..40]),
+        }
+    }
+}
+
 /// The header of segment `seq` of volume `volume_uuid` holding `entries`
 /// and `data` (the data area follows it in the object).
 pub fn encode_header(
@@ -85,10 +110,7 @@ pub fn encode_header(
     h.extend_from_slice(&(header_bytes as u32).to_le_bytes());
     h.extend_from_slice(&seq.to_le_bytes());
     h.extend_from_slice(volume_uuid);
-    h.extend_from_slice(&span.journal_id);
-    h.extend_from_slice(&span.first_jseq.to_le_bytes());
-    h.extend_from_slice(&span.last_jseq.to_le_bytes());
-    h.extend_from_slice(&span.end_lpos.to_le_bytes());
+    span.encode_into(&mut h);
     h.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     h.extend_from_slice(&(chunk_count as u32).to_le_bytes());
     h.extend_from_slice(&(data.len() as u64).to_le_bytes());
@@ -152,12 +174,7 @@ impl FixedHeader {
             header_bytes: le_u32(&b[12..16]),
             seq: le_u64(&b[16..24]),
             volume_uuid: array16(&b[24..40]),
-            span: JournalSpan {
-                journal_id: array16(&b[40..56]),
-                first_jseq: le_u64(&b[56..64]),
-                last_jseq: le_u64(&b[64..72]),
-                end_lpos: le_u64(&b[72..80]),
-            },
+            span: JournalSpan::decode(&b[40..40 + JOURNAL_SPAN_BYTES]),
             entry_count: le_u32(&b[80..84]),
             chunk_count: le_u32(&b[84..88]),
             data_bytes: le_u64(&b[88..96]),

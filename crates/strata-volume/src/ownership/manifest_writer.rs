@@ -11,20 +11,10 @@ use bytes::Bytes;
 use object_store::{PutPayload, UpdateVersion};
 use strata_store::{ObjectNames, Store};
 
-use super::right_to_write::Ownership;
+use super::right_to_write::{Ownership, WriteRefused};
 use crate::backoff::Backoff;
 use crate::format::manifest::Manifest;
 use crate::objects::read_manifest_versioned;
-
-/// Why a manifest write gave up.
-#[derive(Debug)]
-pub(crate) enum WriteManifestError {
-    /// The volume was already fenced; the detail says why.
-    Fenced(String),
-    /// The store holds a newer epoch: another server opened the volume.
-    /// The caller must fence the volume with this detail.
-    TakenOver(String),
-}
 
 /// The manifest as this writer last wrote it, and its version.
 pub(crate) struct ManifestWriter {
@@ -47,7 +37,7 @@ impl ManifestWriter {
         store: &Store,
         ownership: &Ownership,
         change: impl Fn(&Manifest) -> Option<Manifest>,
-    ) -> Result<Option<Manifest>, WriteManifestError> {
+    ) -> Result<Option<Manifest>, WriteRefused> {
         let mut guard = self.current.lock().await;
         let (manifest, version) = &mut *guard;
         let Some(next) = change(manifest) else {
@@ -56,10 +46,7 @@ impl ManifestWriter {
         let path = ObjectNames::new(&self.volume).manifest();
         let mut backoff = Backoff::new();
         loop {
-            ownership
-                .wait_valid()
-                .await
-                .map_err(WriteManifestError::Fenced)?;
+            ownership.wait_valid().await.map_err(WriteRefused::Fenced)?;
             let payload = PutPayload::from(Bytes::from(next.encode()));
             match store.put_if(&path, payload, Some(version)).await {
                 Ok(v) => {
@@ -95,7 +82,7 @@ impl ManifestWriter {
         manifest: &mut Manifest,
         version: &mut UpdateVersion,
         next: &Manifest,
-    ) -> Result<Option<Manifest>, WriteManifestError> {
+    ) -> Result<Option<Manifest>, WriteRefused> {
         match read_manifest_versioned(store, &self.volume).await {
             Ok((m, v)) if m.epoch == manifest.epoch => {
                 *version = v;
@@ -104,7 +91,7 @@ impl ManifestWriter {
                 }
                 Ok(None)
             }
-            Ok((m, _)) => Err(WriteManifestError::TakenOver(format!(
+            Ok((m, _)) => Err(WriteRefused::TakenOver(format!(
                 "the manifest's epoch is {} (ours {}): another server opened the volume",
                 m.epoch, manifest.epoch
             ))),

@@ -44,6 +44,6 @@ mod take_ownership;
 
 pub use lease::read_lease;
 pub(crate) use lease::RenewError;
-pub(crate) use manifest_writer::{ManifestWriter, WriteManifestError};
-pub(crate) use right_to_write::Ownership;
+pub(crate) use manifest_writer::ManifestWriter;
+pub(crate) use right_to_write::{Ownership, WriteRefused};
 pub(crate) use take_ownership::take_ownership;

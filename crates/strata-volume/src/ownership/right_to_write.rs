@@ -13,6 +13,17 @@ use super::lease::{release, renew, HeldLease, RenewError};
 use super::local_lock::LocalLock;
 use crate::error::VolumeError;
 
+/// Why a write that needs the right to write (a segment, the manifest) was
+/// not made.
+#[derive(Debug)]
+pub(crate) enum WriteRefused {
+    /// The volume was already fenced; the detail says why.
+    Fenced(String),
+    /// The store shows that another server took the volume over. The
+    /// caller must fence the volume with this detail.
+    TakenOver(String),
+}
+
 /// A volume's right to write, while open: the lease we hold, until when it
 /// lets us write, and whether we were fenced.
 pub(crate) struct Ownership {

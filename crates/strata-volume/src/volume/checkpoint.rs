@@ -9,7 +9,6 @@ use super::Volume;
 use crate::format::checkpoint::{self, CheckpointInfo};
 use crate::format::manifest::Manifest;
 use crate::format::segment::JournalSpan;
-use crate::ownership::WriteManifestError;
 use crate::write::segment_put::put_with_retry;
 use crate::write::state::State;
 
@@ -74,17 +73,10 @@ impl Volume {
                 ..m.clone()
             })
         };
-        match self
-            .manifest
-            .update(&self.store, &self.ownership, change)
-            .await
-        {
+        let update = self.manifest.update(&self.store, &self.ownership, change);
+        match update.await {
             Ok(previous) => Ok(previous.and_then(|m| m.checkpoint_seq)),
-            Err(WriteManifestError::Fenced(detail)) => Err(detail),
-            Err(WriteManifestError::TakenOver(detail)) => {
-                self.fence(detail.clone());
-                Err(detail)
-            }
+            Err(refused) => Err(self.refused(refused)),
         }
     }
 }

@@ -36,7 +36,7 @@ use tokio::sync::Notify;
 
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
-use crate::ownership::{ManifestWriter, Ownership};
+use crate::ownership::{ManifestWriter, Ownership, WriteRefused};
 use crate::read::{CacheStats, SharedCaches};
 use crate::write::journal::Journal;
 use crate::write::state::{SpaceUsage, State};
@@ -65,10 +65,9 @@ pub struct VolumeStats {
     /// The server's RAM chunk cache (shared by all volumes); every tier is
     /// in `SharedCaches::stats`.
     pub chunk_cache: CacheStats,
-    /// Segment objects in the store, and how much of them is live.
+    /// Segment objects in the store, how much of them is live, and the
+    /// garbage GC can reclaim.
     pub space: SpaceUsage,
-    /// `space.stored_bytes - space.live_bytes`: what GC can reclaim.
-    pub garbage_bytes: u64,
 }
 
 pub struct Volume {
@@ -149,6 +148,18 @@ impl Volume {
         self.progress.notify_waiters();
     }
 
+    /// The reason a write needing ownership was refused; fences the volume
+    /// first if the store showed a takeover.
+    pub(crate) fn refused(&self, refused: WriteRefused) -> String {
+        match refused {
+            WriteRefused::Fenced(detail) => detail,
+            WriteRefused::TakenOver(detail) => {
+                self.fence(detail.clone());
+                detail
+            }
+        }
+    }
+
     /// Why the volume was fenced (taken over by another server), if it was.
     pub fn fenced_detail(&self) -> Option<String> {
         self.ownership.fenced()
@@ -167,7 +178,6 @@ impl Volume {
     pub fn stats(&self) -> VolumeStats {
         let reader = self.reader();
         let st = self.state.lock();
-        let space = st.space_usage();
         VolumeStats {
             extents: st.map.len() as u64,
             // O(segments), not O(extents): the lock is held.
@@ -180,8 +190,7 @@ impl Volume {
             store_reads: reader.gets.load(Ordering::Relaxed),
             store_read_bytes: reader.get_bytes.load(Ordering::Relaxed),
             chunk_cache: self.caches.chunk_stats(),
-            garbage_bytes: space.garbage_bytes(),
-            space,
+            space: st.space_usage(),
         }
     }
 

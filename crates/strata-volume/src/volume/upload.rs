@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::Volume;
 use crate::write::open_segment::SealedSegment;
-use crate::write::segment_put::{put_segment, SegmentPutError};
+use crate::write::segment_put::put_segment;
 
 impl Volume {
     /// Uploads one sealed segment, then (if given) the checkpoint taken when
@@ -32,15 +32,8 @@ impl Volume {
                 &header,
                 &data,
             );
-            let detail = match put.await {
-                Ok(()) => None,
-                Err(SegmentPutError::Fenced(detail)) => Some(detail),
-                Err(SegmentPutError::TakenOver(detail)) => {
-                    self.fence(detail.clone());
-                    Some(detail)
-                }
-            };
-            if let Some(detail) = detail {
+            if let Err(refused) = put.await {
+                let detail = self.refused(refused);
                 tracing::error!(volume = %self.name, object = %path, %detail, "segment not uploaded");
                 return;
             }

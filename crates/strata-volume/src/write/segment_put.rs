@@ -8,7 +8,7 @@ use object_store::{PutMode, PutOptions, PutPayload};
 use strata_store::Store;
 
 use crate::backoff::Backoff;
-use crate::ownership::Ownership;
+use crate::ownership::{Ownership, WriteRefused};
 
 /// Why a store write gave up.
 pub(crate) enum PutError {
@@ -27,15 +27,6 @@ impl std::fmt::Display for PutError {
     }
 }
 
-/// Why a segment was not written.
-pub(crate) enum SegmentPutError {
-    /// Another server wrote this segment: it took the volume over. The
-    /// caller must fence the volume with this detail.
-    TakenOver(String),
-    /// The volume was fenced while waiting.
-    Fenced(String),
-}
-
 /// Writes a segment object with If-None-Match: segments are never
 /// overwritten, so a writer that lost its lease cannot clobber the new
 /// holder's. An existing object with our exact bytes is our own earlier
@@ -47,12 +38,12 @@ pub(crate) async fn put_segment(
     path: &object_store::path::Path,
     header: &Bytes,
     data: &Bytes,
-) -> Result<(), SegmentPutError> {
+) -> Result<(), WriteRefused> {
     let payload = || PutPayload::from_iter([header.clone(), data.clone()]);
     let written = put_with_retry(store, ownership, volume, path, &payload, PutMode::Create).await;
     match written {
         Ok(()) => Ok(()),
-        Err(PutError::Fenced(d)) => Err(SegmentPutError::Fenced(d)),
+        Err(PutError::Fenced(d)) => Err(WriteRefused::Fenced(d)),
         Err(PutError::Conflict(_)) => {
             let len = (header.len() + data.len()) as u64;
             let same = store.get_range(path, 0..len).await.is_ok_and(|got| {
@@ -63,7 +54,7 @@ pub(crate) async fn put_segment(
             if same {
                 return Ok(());
             }
-            Err(SegmentPutError::TakenOver(format!(
+            Err(WriteRefused::TakenOver(format!(
                 "segment {path} already exists with other content: another server wrote it after taking the volume over"
             )))
         }

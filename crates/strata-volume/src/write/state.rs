@@ -82,16 +82,11 @@ pub struct SpaceUsage {
     pub stored_bytes: u64,
     /// Bytes of those segments the extent map points at.
     pub live_bytes: u64,
+    /// Stored bytes nothing points at: what garbage collection can reclaim.
+    pub garbage_bytes: u64,
     /// Stored segments the map points at.
     pub live_segments: u64,
     pub stored_segments: u64,
-}
-
-impl SpaceUsage {
-    /// Stored bytes nothing points at: what garbage collection can reclaim.
-    pub fn garbage_bytes(&self) -> u64 {
-        self.stored_bytes.saturating_sub(self.live_bytes)
-    }
 }
 
 impl State {
@@ -108,6 +103,7 @@ impl State {
             out.live_bytes += live;
             out.live_segments += u64::from(live > 0);
         }
+        out.garbage_bytes = out.stored_bytes.saturating_sub(out.live_bytes);
         out
     }
 }
