@@ -49,6 +49,44 @@ pub struct VolumeConfig {
     pub lease_ttl_ms: u64,
     /// When FLUSH (and FUA) return: journal on local disk, or the store.
     pub durability: Durability,
+    /// Garbage collection (`gc/`).
+    pub gc: GcConfig,
+}
+
+/// Garbage collection settings. The defaults need no tuning: GC copies only
+/// while the write buffer is at most half full, at a bounded rate.
+#[derive(Debug, Clone)]
+pub struct GcConfig {
+    /// Run compaction and deletion in the background.
+    pub enabled: bool,
+    /// Segments with less than this share of live bytes are compacted.
+    pub live_threshold_percent: u32,
+    /// While stored bytes exceed live bytes by more than this (percent of
+    /// live), fuller segments are compacted too, emptiest first.
+    pub space_target_percent: u32,
+    /// An unreferenced object is deleted this long after it became so.
+    pub grace_ms: u64,
+    /// How often the background task looks for work.
+    pub interval_ms: u64,
+    /// Copy bandwidth of compaction, bytes per second.
+    pub rate_bytes_per_sec: u64,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig {
+            enabled: true,
+            live_threshold_percent: 60,
+            space_target_percent: 140,
+            // Two minutes: a read that looked a segment up before its data
+            // was moved has at most the store layer's 60 s request deadline
+            // to finish its GET; twice that leaves margin. (A read that
+            // loses anyway looks the map up again: volume/read.rs.)
+            grace_ms: 120_000,
+            interval_ms: 2_000,
+            rate_bytes_per_sec: 64 * MIB,
+        }
+    }
 }
 
 /// What a completed FLUSH guarantees.
@@ -79,6 +117,7 @@ impl VolumeConfig {
             max_write_bytes: 32 * MIB,
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             durability: Durability::Local,
+            gc: GcConfig::default(),
         }
     }
 
@@ -120,6 +159,24 @@ impl VolumeConfig {
             return Err(format!(
                 "the disk cache must be 0 (off) or at least 1 MiB (got {} bytes)",
                 self.disk_cache_bytes
+            ));
+        }
+        if !(1..=99).contains(&self.gc.live_threshold_percent) {
+            return Err(format!(
+                "GC live threshold must be between 1 and 99 percent (got {})",
+                self.gc.live_threshold_percent
+            ));
+        }
+        if self.gc.space_target_percent < 101 {
+            return Err(format!(
+                "GC space target must be above 100 percent of live bytes (got {})",
+                self.gc.space_target_percent
+            ));
+        }
+        if self.gc.rate_bytes_per_sec < MIB || self.gc.interval_ms == 0 {
+            return Err(format!(
+                "GC rate must be at least 1 MiB/s and its interval above 0 (got {} bytes/s, {} ms)",
+                self.gc.rate_bytes_per_sec, self.gc.interval_ms
             ));
         }
         if self.readahead_max_bytes > MAX_READAHEAD_BYTES {

@@ -99,6 +99,8 @@ impl Engine {
             created_unix_ms: now_ms(),
             checkpoint_seq: None,
             epoch: 0,
+            pending_deletions: Vec::new(),
+            last_gc: None,
         };
         let path = ObjectNames::new(name).manifest();
         let opts = PutOptions {

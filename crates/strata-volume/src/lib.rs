@@ -13,6 +13,7 @@
 //! ```text
 //! engine.rs      the volumes of a store: open once, create, list, info, delete
 //! volume/        the `Volume` type; sequences the folders below for one volume
+//! gc/            garbage collection: victims, copies, deletions, orphans
 //! recovery/      rebuilding a volume's state from store and journal
 //! write/         journal + group commit, open segment, state, segment PUTs
 //! read/          the read path: RAM and disk tiers, fetches, read-ahead
@@ -26,9 +27,11 @@
 mod backoff;
 mod clock;
 mod config;
+mod crash_point;
 mod engine;
 mod error;
 pub mod format;
+mod gc;
 mod map;
 mod objects;
 mod ownership;
@@ -37,13 +40,15 @@ mod recovery;
 mod volume;
 mod write;
 
-pub use config::{Durability, VolumeConfig, DEFAULT_LEASE_TTL_MS, MIN_LEASE_TTL_MS};
+pub use config::{Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS, MIN_LEASE_TTL_MS};
+pub use crash_point::GC_CRASH_POINTS;
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::manifest::Manifest;
+pub use gc::GcStats;
 pub use map::SegmentUsage;
 pub use read::{
     CacheStats, DiskCacheStats, ReadAheadStats, ReadPathStats, SharedCaches, StoreReadStats,
 };
-pub use volume::{Allocation, Volume, VolumeStats};
+pub use volume::{Allocation, GcPassReport, Volume, VolumeStats};
 pub use write::state::SpaceUsage;

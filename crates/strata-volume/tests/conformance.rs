@@ -5,137 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
+use common::*;
 use strata_store::Store;
-use strata_volume::{Allocation, Engine, Volume, VolumeConfig, VolumeError};
-
-const MIB: u64 = 1 << 20;
-const VOLUME_BYTES: u64 = 48 * MIB;
-
-/// Small budgets so that sealing, uploads, checkpoints, back-pressure and
-/// journal wrap-around all happen within a short test.
-fn small_config(data_dir: &Path) -> VolumeConfig {
-    let mut c = VolumeConfig::new(data_dir.to_path_buf());
-    c.segment_bytes = MIB;
-    c.max_write_bytes = MIB;
-    c.write_buffer_bytes = 3 * MIB;
-    c.journal_bytes = 5 * MIB;
-    c.cache_bytes = 2 * MIB;
-    c.checkpoint_every_segments = 3;
-    c.segment_max_age_ms = 50;
-    c
-}
-
-/// (name, store, data dir) per backend; the tempdirs live as long as the tuple.
-async fn backends() -> Vec<(&'static str, Store, tempfile::TempDir)> {
-    let mem_dir = tempfile::tempdir().unwrap();
-    let local_dir = tempfile::tempdir().unwrap();
-    let local = Store::local(&local_dir.path().join("store")).unwrap();
-    let s3_dir = tempfile::tempdir().unwrap();
-    let faulty_dir = tempfile::tempdir().unwrap();
-    // 5% of store calls fail and 2% of writes land but report an error (a
-    // lost reply): the retry layer and the conditional-write checks must
-    // hide all of it.
-    let faults =
-        strata_store::FaultConfig::parse("error_rate=0.05,lost_reply_rate=0.02,seed=7").unwrap();
-    let faulty = Store::in_memory_with(&strata_store::LayerConfig {
-        faults: Some(faults),
-        ..strata_store::LayerConfig::default()
-    });
-    vec![
-        ("memory", Store::in_memory(), mem_dir),
-        ("memory+faults", faulty, faulty_dir),
-        ("local", local, local_dir),
-        ("minio", minio_store().await, s3_dir),
-    ]
-}
-
-/// A store in a fresh bucket of the test process's MinIO.
-async fn minio_store() -> Store {
-    let minio = tokio::task::spawn_blocking(strata_testkit::MinioServer::shared)
-        .await
-        .unwrap();
-    let bucket =
-        tokio::task::spawn_blocking(|| strata_testkit::MinioServer::shared().fresh_bucket())
-            .await
-            .unwrap();
-    let env: std::collections::HashMap<String, String> = minio.client_env().into_iter().collect();
-    let lookup = |k: &str| env.get(k).cloned();
-    Store::s3(
-        &format!("s3://{bucket}/conformance"),
-        &lookup,
-        &strata_store::LayerConfig::default(),
-    )
-    .await
-    .unwrap()
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Applies one random operation to the volume and the model.
-async fn random_op(vol: &Arc<Volume>, model: &mut [u8], rng: &mut Rng) {
-    let offset = rng.below(VOLUME_BYTES - 1);
-    let max_len = (VOLUME_BYTES - offset).min(if rng.below(10) == 0 { MIB } else { 64 << 10 });
-    let len = 1 + rng.below(max_len);
-    let (o, l) = (offset as usize, len as usize);
-    match rng.below(20) {
-        0 => {
-            vol.trim(offset, len, false).await.unwrap();
-            model[o..o + l].fill(0);
-        }
-        1 => {
-            let keep = rng.below(2) == 0;
-            vol.write_zeroes(offset, len, keep, rng.below(4) == 0)
-                .await
-                .unwrap();
-            model[o..o + l].fill(0);
-        }
-        2 => vol.flush().await.unwrap(),
-        _ => {
-            let seed = rng.next();
-            let data: Vec<u8> = (0..len)
-                .map(|i| (seed.wrapping_mul(i + 1) >> 13) as u8)
-                .collect();
-            vol.write(offset, &data, rng.below(10) == 0).await.unwrap();
-            model[o..o + l].copy_from_slice(&data);
-        }
-    }
-}
-
-async fn assert_matches(vol: &Volume, model: &[u8], what: &str) {
-    let mut buf = vec![0u8; MIB as usize];
-    for start in (0..VOLUME_BYTES).step_by(MIB as usize) {
-        vol.read(start, &mut buf).await.unwrap();
-        let s = start as usize;
-        if buf[..] != model[s..s + MIB as usize] {
-            let i = buf
-                .iter()
-                .zip(&model[s..])
-                .position(|(a, b)| a != b)
-                .unwrap();
-            panic!(
-                "{what}: byte {} differs: got {:#x}, want {:#x}",
-                s + i,
-                buf[i],
-                model[s + i]
-            );
-        }
-    }
-}
+use strata_volume::{Allocation, Engine, VolumeError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_ops_match_the_model_across_clean_reopens() {
@@ -402,13 +279,19 @@ async fn one_writer_per_volume() {
 /// from checkpoint, segments and listing, agrees with the running server.
 #[tokio::test]
 async fn overwrites_and_trims_become_counted_garbage() {
+    // Exact counts of what was written: no collection in between.
+    let config = |dir: &Path| {
+        let mut c = small_config(dir);
+        c.gc.enabled = false;
+        c
+    };
     for (backend, store, dir) in backends().await {
-        let engine = Engine::new(store.clone(), small_config(dir.path())).unwrap();
+        let engine = Engine::new(store.clone(), config(dir.path())).unwrap();
         engine.create_volume("v", VOLUME_BYTES).await.unwrap();
         let data = vec![0x5au8; (4 * MIB) as usize];
         let mut before = None;
         for round in 0..2 {
-            let engine = Engine::new(store.clone(), small_config(dir.path())).unwrap();
+            let engine = Engine::new(store.clone(), config(dir.path())).unwrap();
             let vol = engine.open_volume("v").await.unwrap();
             if let Some(before) = before {
                 assert_eq!(

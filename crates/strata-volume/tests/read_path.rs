@@ -238,6 +238,9 @@ fn config(dir: &FsPath) -> VolumeConfig {
     c.cache_bytes = 64 * MIB;
     c.segment_max_age_ms = 600_000;
     c.checkpoint_every_segments = 4;
+    // GETs are counted exactly: no background collection (tests call it).
+    c.gc.enabled = false;
+    c.gc.grace_ms = 0;
     c
 }
 

@@ -28,6 +28,52 @@ pub struct Manifest {
     /// Bumped by every server that opens the volume for writing.
     #[serde(default)]
     pub epoch: u64,
+    /// Objects nothing references any more, deleted once the grace period
+    /// after `since_unix_ms` has passed (`gc/`). Recorded here, in the same
+    /// conditional write that makes them unreferenced, so a crash resumes
+    /// the deletion and a new holder carries it out. At most
+    /// `MAX_PENDING_DELETIONS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_deletions: Vec<PendingDeletion>,
+    /// The last garbage collection pass that finished, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_gc: Option<GcPassRecord>,
+}
+
+/// Pending deletions a manifest may list (about 100 bytes each in JSON).
+pub const MAX_PENDING_DELETIONS: usize = 4096;
+
+/// Which kind of object a pending deletion names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectKind {
+    Segment,
+    Checkpoint,
+}
+
+/// An object of the volume to delete once `since_unix_ms + grace` passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDeletion {
+    pub kind: ObjectKind,
+    pub seq: u64,
+    /// When it stopped being referenced (wall clock of the writer).
+    pub since_unix_ms: u64,
+    /// Object bytes (what deleting it reclaims).
+    #[serde(default)]
+    pub bytes: u64,
+}
+
+/// What a garbage collection pass did (shown by `strata volume info`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcPassRecord {
+    pub finished_unix_ms: u64,
+    pub segments_rewritten: u64,
+    pub bytes_copied: u64,
+    pub objects_deleted: u64,
+    pub bytes_reclaimed: u64,
+    /// Stored and live segment bytes when the pass finished.
+    pub stored_bytes: u64,
+    pub live_bytes: u64,
 }
 
 impl Manifest {
@@ -48,6 +94,12 @@ impl Manifest {
         let m: Manifest =
             serde_json::from_slice(body).map_err(|e| format!("manifest body: {e}"))?;
         m.uuid_bytes()?;
+        if m.pending_deletions.len() > MAX_PENDING_DELETIONS {
+            return Err(format!(
+                "manifest lists {} pending deletions (at most {MAX_PENDING_DELETIONS})",
+                m.pending_deletions.len()
+            ));
+        }
         Ok(m)
     }
 }
@@ -65,6 +117,13 @@ mod tests {
             created_unix_ms: 1,
             checkpoint_seq: Some(4),
             epoch: 2,
+            pending_deletions: vec![PendingDeletion {
+                kind: ObjectKind::Segment,
+                seq: 3,
+                since_unix_ms: 5,
+                bytes: 7,
+            }],
+            last_gc: Some(GcPassRecord::default()),
         };
         let b = m.encode();
         assert_eq!(Manifest::decode(&b).unwrap(), m);

@@ -85,6 +85,8 @@ fn valid_objects() -> Vec<Vec<u8>> {
         created_unix_ms: 5,
         checkpoint_seq: Some(3),
         epoch: 2,
+        pending_deletions: Vec::new(),
+        last_gc: None,
     };
     let lease = Lease {
         holder: "h:/d (x)".into(),

@@ -30,6 +30,11 @@ impl ManifestWriter {
         }
     }
 
+    /// The manifest as this writer last wrote (or read) it.
+    pub(crate) async fn current(&self) -> Manifest {
+        self.current.lock().await.0.clone()
+    }
+
     /// Writes `change(current)` unless it is `None` (nothing to do); retries
     /// store errors until it succeeds. Returns the manifest it replaced.
     pub(crate) async fn update(

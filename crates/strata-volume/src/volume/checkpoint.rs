@@ -1,34 +1,74 @@
 //! Checkpoints of a volume: the extent map as of a seal point, stored once
-//! every segment up to it is, then named in the manifest; the checkpoint it
-//! replaces is deleted.
+//! every segment up to it is, then named in the manifest. The same
+//! manifest write lists what the checkpoint leaves unreferenced (stored
+//! segments with no live bytes, and the checkpoint it replaces) as pending
+//! deletions (`gc/pending_deletions.rs`); nothing is deleted here.
 
 use bytes::Bytes;
 use object_store::{PutMode, PutPayload};
 
-use super::Volume;
+use super::{CheckpointJob, Volume};
+use crate::clock::now_ms;
+use crate::crash_point::crash_point;
 use crate::format::checkpoint::{self, CheckpointInfo};
 use crate::format::manifest::Manifest;
 use crate::format::segment::JournalSpan;
+use crate::gc::{add_pending, deletion_candidates, Unreferenced};
 use crate::write::segment_put::put_with_retry;
 use crate::write::state::State;
 
 impl Volume {
-    pub(crate) fn encode_checkpoint(&self, st: &State, seq: u64, span: JournalSpan) -> Vec<u8> {
+    /// The checkpoint of the map as it is now, at seal point `seq`, and
+    /// what it leaves unreferenced.
+    pub(crate) fn encode_checkpoint(
+        &self,
+        st: &State,
+        seq: u64,
+        span: JournalSpan,
+    ) -> CheckpointJob {
         let info = CheckpointInfo {
             seq,
             volume_uuid: self.uuid,
             span,
             volume_size_bytes: self.size_bytes,
         };
-        checkpoint::encode(&info, &st.map)
+        CheckpointJob {
+            seq,
+            bytes: Bytes::from(checkpoint::encode(&info, &st.map)),
+            unreferenced: deletion_candidates(&st.stored, st.map.usage(), seq),
+        }
     }
 
-    pub(crate) async fn store_checkpoint(&self, seq: u64, ckpt: Bytes) {
+    /// Takes a checkpoint now: seals what is open (with a checkpoint), or
+    /// checkpoints the last sealed segment if none covers it yet. Returns
+    /// the checkpoint's seq, if one was started.
+    pub(crate) fn checkpoint_locked(self: &std::sync::Arc<Self>, st: &mut State) -> Option<u64> {
+        if st.failed.is_some() {
+            return None;
+        }
+        if !st.open.is_empty() {
+            self.seal_locked(st, true);
+            return Some(st.checkpoint_requested_seq);
+        }
+        if st.segments_since_checkpoint == 0 {
+            return None;
+        }
+        let seq = st.open.seq - 1;
+        st.segments_since_checkpoint = 0;
+        st.checkpoint_requested_seq = seq;
+        let job = self.encode_checkpoint(st, seq, st.last_sealed_span);
+        let vol = self.clone();
+        tokio::spawn(async move { vol.store_checkpoint(job).await });
+        Some(seq)
+    }
+
+    pub(crate) async fn store_checkpoint(&self, job: CheckpointJob) {
+        let seq = job.seq;
         // The checkpoint may only name segments that are all stored.
         self.wait_until(|st| st.durable_seq >= seq || st.failed.is_some())
             .await;
         let path = self.names.checkpoint(seq);
-        let payload = || PutPayload::from(ckpt.clone());
+        let payload = || PutPayload::from(job.bytes.clone());
         let put = put_with_retry(
             &self.store,
             &self.ownership,
@@ -41,17 +81,12 @@ impl Volume {
             tracing::error!(volume = %self.name, seq, error = %e, "checkpoint not stored");
             return;
         }
-        let previous = match self.write_manifest_checkpoint(seq).await {
-            Ok(p) => p,
-            Err(detail) => {
-                tracing::error!(volume = %self.name, seq, %detail, "manifest not updated");
-                return;
-            }
-        };
-        if let Some(old) = previous {
-            if let Err(e) = self.store.delete(&self.names.checkpoint(old)).await {
-                tracing::warn!(volume = %self.name, error = %e, "could not delete old checkpoint {old}");
-            }
+        if let Err(detail) = self.write_manifest_checkpoint(seq, &job.unreferenced).await {
+            tracing::error!(volume = %self.name, seq, %detail, "manifest not updated");
+            return;
+        }
+        if !job.unreferenced.segments.is_empty() {
+            crash_point("gc.after_checkpoint");
         }
         {
             let mut st = self.state.lock();
@@ -61,21 +96,29 @@ impl Volume {
     }
 
     /// Names checkpoint `seq` in the manifest (If-Match on the version we
-    /// wrote); returns the checkpoint it replaced. A newer epoch in the
-    /// store means we were taken over: the volume is fenced.
-    async fn write_manifest_checkpoint(&self, seq: u64) -> Result<Option<u64>, String> {
+    /// wrote) and lists what it leaves unreferenced, with the checkpoint it
+    /// replaces, as pending deletions. A newer epoch in the store means we
+    /// were taken over: the volume is fenced.
+    async fn write_manifest_checkpoint(
+        &self,
+        seq: u64,
+        unreferenced: &Unreferenced,
+    ) -> Result<(), String> {
+        let now = now_ms();
         let change = |m: &Manifest| {
             if m.checkpoint_seq.is_some_and(|p| p >= seq) {
                 return None;
             }
-            Some(Manifest {
+            let mut next = Manifest {
                 checkpoint_seq: Some(seq),
                 ..m.clone()
-            })
+            };
+            add_pending(&mut next, unreferenced, m.checkpoint_seq, now);
+            Some(next)
         };
         let update = self.manifest.update(&self.store, &self.ownership, change);
         match update.await {
-            Ok(previous) => Ok(previous.and_then(|m| m.checkpoint_seq)),
+            Ok(_) => Ok(()),
             Err(refused) => Err(self.refused(refused)),
         }
     }

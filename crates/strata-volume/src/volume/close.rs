@@ -6,8 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use super::Volume;
 use crate::error::VolumeError;
 use crate::write::state::State;
@@ -22,20 +20,7 @@ impl Volume {
         }
         let target = {
             let mut st = self.state.lock();
-            if st.failed.is_none() {
-                if !st.open.is_empty() {
-                    self.seal_locked(&mut st, true);
-                } else if st.segments_since_checkpoint > 0 {
-                    // Nothing open: the map is exactly the state after the
-                    // newest sealed segment, so checkpoint that.
-                    let seq = st.open.seq - 1;
-                    st.segments_since_checkpoint = 0;
-                    st.checkpoint_requested_seq = seq;
-                    let ckpt = Bytes::from(self.encode_checkpoint(&st, seq, st.last_sealed_span));
-                    let vol = self.clone();
-                    tokio::spawn(async move { vol.store_checkpoint(seq, ckpt).await });
-                }
-            }
+            self.checkpoint_locked(&mut st);
             st.checkpoint_requested_seq
         };
         let done = |st: &State| {

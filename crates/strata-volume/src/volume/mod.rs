@@ -15,12 +15,14 @@
 //! - `upload.rs`: a sealed segment into the store, then durable;
 //! - `checkpoint.rs`: checkpoints and the manifest that names them;
 //! - `tasks.rs`: lease renewal and the age sealer;
+//! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
 //! - `close.rs`: the clean close.
 //!
 //! Those files only add methods to `Volume`; none refers to another by path.
 
 mod checkpoint;
 mod close;
+mod gc;
 mod open;
 mod read;
 mod tasks;
@@ -36,6 +38,7 @@ use tokio::sync::Notify;
 
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
+use crate::gc::{GcCounters, GcStats, Unreferenced};
 use crate::ownership::{ManifestWriter, Ownership, WriteRefused};
 use crate::read::{CacheStats, SharedCaches};
 use crate::write::journal::Journal;
@@ -68,6 +71,18 @@ pub struct VolumeStats {
     /// Segment objects in the store, how much of them is live, and the
     /// garbage GC can reclaim.
     pub space: SpaceUsage,
+    /// Garbage collection since the volume was opened.
+    pub gc: GcStats,
+}
+
+pub use gc::GcPassReport;
+
+/// A checkpoint taken at a seal point, on its way to the store.
+pub(crate) struct CheckpointJob {
+    pub seq: u64,
+    pub bytes: bytes::Bytes,
+    /// What it leaves unreferenced (pending deletions once it is named).
+    pub unreferenced: Unreferenced,
 }
 
 pub struct Volume {
@@ -96,6 +111,13 @@ pub struct Volume {
     pub(crate) ownership: Ownership,
     pub(crate) segments_uploaded: AtomicU64,
     pub(crate) bytes_uploaded: AtomicU64,
+    pub(crate) gc: GcCounters,
+    /// Wakes the background garbage collector (an explicit request).
+    pub(crate) gc_wake: Arc<Notify>,
+    /// One garbage collection pass at a time.
+    pub(crate) gc_pass: tokio::sync::Mutex<()>,
+    /// Pending deletions (count, bytes) as of the last manifest we wrote.
+    pub(crate) gc_pending: parking_lot::Mutex<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Volume {
@@ -191,6 +213,10 @@ impl Volume {
             store_read_bytes: reader.get_bytes.load(Ordering::Relaxed),
             chunk_cache: self.caches.chunk_stats(),
             space: st.space_usage(),
+            gc: {
+                let (n, bytes) = *self.gc_pending.lock();
+                self.gc.snapshot(n, bytes)
+            },
         }
     }
 

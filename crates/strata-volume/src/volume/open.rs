@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use super::Volume;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
+use crate::gc::GcCounters;
 use crate::ownership::{take_ownership, ManifestWriter};
 use crate::read::SharedCaches;
 use crate::recovery::recover;
@@ -49,10 +50,15 @@ impl Volume {
             ownership,
             segments_uploaded: AtomicU64::new(0),
             bytes_uploaded: AtomicU64::new(0),
+            gc: GcCounters::default(),
+            gc_wake: Arc::new(Notify::new()),
+            gc_pass: tokio::sync::Mutex::new(()),
+            gc_pending: Mutex::new((0, 0)),
         });
         vol.start_replayed_uploads();
         vol.start_age_sealer();
         vol.start_lease_renewal();
+        vol.start_gc();
         tracing::info!(volume = %name, holder = %vol.ownership.holder, epoch = vol.ownership.epoch, replayed_records = recovered.replayed_records, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
         Ok(vol)
     }

@@ -13,9 +13,42 @@ use crate::error::VolumeError;
 use crate::map::Target;
 use crate::read::{start_readahead, StoredPiece, MAX_WINDOW_PIECES};
 
+/// Reads of data moved by GC in the middle of a read (see `read`).
+const MAX_READ_ATTEMPTS: u32 = 3;
+
 impl Volume {
     /// Reads `buf.len()` bytes at `offset`.
+    ///
+    /// A read that looked a segment up just before garbage collection moved
+    /// its data and deleted it (a GET delayed past the grace period) finds
+    /// the object gone: it looks the map up again and reads where the data
+    /// is now.
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        let mut attempt = 0;
+        loop {
+            let mut seqs = Vec::new();
+            match self.read_once(offset, buf, &mut seqs).await {
+                Err(e) if attempt < MAX_READ_ATTEMPTS && self.any_deleted(&seqs) => {
+                    tracing::info!(volume = %self.name, offset, error = %e, "segment deleted while being read (data moved by GC); reading again");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Whether any of `seqs` is no longer stored (deleted by GC).
+    fn any_deleted(&self, seqs: &[u64]) -> bool {
+        let st = self.state.lock();
+        seqs.iter().any(|s| !st.stored.contains_key(s))
+    }
+
+    async fn read_once(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        seqs: &mut Vec<u64>,
+    ) -> Result<(), VolumeError> {
         self.check_range(offset, buf.len() as u64)?;
         if let Some(detail) = self.ownership.fenced() {
             return Err(VolumeError::Failed {
@@ -61,6 +94,7 @@ impl Volume {
         if misses.is_empty() {
             return Ok(());
         }
+        seqs.extend(misses.iter().map(|m| m.seq));
         // Disjoint destination slices, one per miss (misses are in order and
         // do not overlap), so stored data lands in `buf` with no extra copy.
         let mut dsts = Vec::with_capacity(misses.len());

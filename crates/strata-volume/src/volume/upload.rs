@@ -8,14 +8,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::Volume;
+use super::{CheckpointJob, Volume};
+use crate::crash_point::crash_point;
 use crate::write::open_segment::SealedSegment;
 use crate::write::segment_put::put_segment;
 
 impl Volume {
     /// Uploads one sealed segment, then (if given) the checkpoint taken when
     /// it was sealed. Gives up only when the volume is fenced.
-    pub(crate) async fn upload(self: Arc<Self>, sealed: Arc<SealedSegment>, ckpt: Option<Vec<u8>>) {
+    pub(crate) async fn upload(
+        self: Arc<Self>,
+        sealed: Arc<SealedSegment>,
+        ckpt: Option<CheckpointJob>,
+    ) {
         let header = Bytes::from(sealed.encode_header(&self.uuid));
         let object_bytes = header.len() as u64 + sealed.data.len() as u64;
         let path = self.names.segment(sealed.seq);
@@ -38,6 +43,9 @@ impl Volume {
                 return;
             }
         }
+        if sealed.gc_copies > 0 {
+            crash_point("gc.after_copy_put");
+        }
         self.segments_uploaded.fetch_add(1, Ordering::Relaxed);
         self.bytes_uploaded
             .fetch_add(object_bytes, Ordering::Relaxed);
@@ -48,7 +56,7 @@ impl Volume {
             self.recycle_buffer(buffer);
         }
         if let Some(ckpt) = ckpt {
-            self.store_checkpoint(seq, Bytes::from(ckpt)).await;
+            self.store_checkpoint(ckpt).await;
         }
     }
 

@@ -20,6 +20,8 @@ pub struct OpenSegment {
     /// Journal bytes the entries cost: what the write buffer budget counts.
     pub cost_bytes: u64,
     pub opened_at: std::time::Instant,
+    /// Entries that are garbage collector copies.
+    pub gc_copies: u32,
 }
 
 impl OpenSegment {
@@ -37,6 +39,7 @@ impl OpenSegment {
             },
             cost_bytes: 0,
             opened_at: std::time::Instant::now(),
+            gc_copies: 0,
         }
     }
 
@@ -77,6 +80,23 @@ impl OpenSegment {
         data_offset
     }
 
+    /// Appends a garbage collector's copy of live data: a write entry that
+    /// is not in the journal, so the journal span does not move. Returns
+    /// the data offset of the bytes.
+    pub fn push_copy(&mut self, offset: u64, data: &[u8], cost_bytes: u64) -> u64 {
+        let data_offset = self.data.len() as u64;
+        self.data.extend_from_slice(data);
+        self.entries.push(Entry {
+            kind: EntryKind::Write,
+            offset,
+            len: data.len() as u64,
+            data_offset,
+        });
+        self.cost_bytes += cost_bytes;
+        self.gc_copies += 1;
+        data_offset
+    }
+
     pub fn seal(self) -> SealedSegment {
         SealedSegment {
             seq: self.seq,
@@ -84,6 +104,7 @@ impl OpenSegment {
             entries: self.entries,
             span: self.span,
             cost_bytes: self.cost_bytes,
+            gc_copies: self.gc_copies,
         }
     }
 }
@@ -96,6 +117,7 @@ pub struct SealedSegment {
     pub entries: Vec<Entry>,
     pub span: JournalSpan,
     pub cost_bytes: u64,
+    pub gc_copies: u32,
 }
 
 /// Lets a sealed segment's buffer be an upload payload without a copy.

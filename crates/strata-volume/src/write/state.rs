@@ -44,12 +44,36 @@ impl State {
     /// Seals the open segment into `sealed` and opens the next one in
     /// `buffer` (the write path and journal replay share this).
     pub(crate) fn seal_open(&mut self, buffer: Vec<u8>) -> Arc<SealedSegment> {
+        if self.open.span.first_jseq == 0 {
+            self.open.span = self.copy_only_span();
+        }
         let next = OpenSegment::new(self.open.seq + 1, buffer, self.open.span.journal_id);
         let sealed = Arc::new(std::mem::replace(&mut self.open, next).seal());
         self.sealed.insert(sealed.seq, sealed.clone());
         self.last_sealed_span = sealed.span;
         self.segments_since_checkpoint += 1;
         sealed
+    }
+
+    /// The span of a segment holding only garbage collector copies (no
+    /// journal record). Recovery resumes the journal where the last applied
+    /// segment's span ends, so this one says where its predecessor ended,
+    /// in the journal in use: when the predecessor came through another
+    /// journal (the volume was served elsewhere), the current one started
+    /// at position 0 right after its last record.
+    fn copy_only_span(&self) -> JournalSpan {
+        let last = self.last_sealed_span;
+        let journal_id = self.open.span.journal_id;
+        JournalSpan {
+            journal_id,
+            first_jseq: 0,
+            last_jseq: last.last_jseq,
+            end_lpos: if last.journal_id == journal_id {
+                last.end_lpos
+            } else {
+                0
+            },
+        }
     }
 
     /// Records an upload; advances `durable_seq` over contiguous uploads and

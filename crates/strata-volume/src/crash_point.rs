@@ -1,0 +1,44 @@
+//! Named crash points, for crash tests: the process aborts (as kill -9
+//! would stop it) when it reaches the point named by `STRATA_CRASH_AT`.
+//!
+//! A leaf. `STRATA_CRASH_AT=gc.after_repoint` aborts at the first pass
+//! there; `gc.between_deletions:3` at the third. Read once; unset (the
+//! normal case) costs one load per point.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// The crash points, in the order a garbage collection pass reaches them.
+pub const GC_CRASH_POINTS: &[&str] = &[
+    "gc.after_repoint",
+    "gc.after_copy_put",
+    "gc.after_checkpoint",
+    "gc.between_deletions",
+    "gc.after_deletions",
+];
+
+static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
+static HITS: AtomicU64 = AtomicU64::new(0);
+
+fn target() -> &'static Option<(String, u64)> {
+    TARGET.get_or_init(|| {
+        let spec = std::env::var("STRATA_CRASH_AT").ok()?;
+        let (name, nth) = match spec.split_once(':') {
+            Some((n, k)) => (n.to_string(), k.parse().unwrap_or(1)),
+            None => (spec, 1),
+        };
+        Some((name, nth.max(1)))
+    })
+}
+
+/// Aborts the process if this is the configured crash point (and hit).
+pub(crate) fn crash_point(name: &str) {
+    let Some((want, nth)) = target() else { return };
+    if want != name {
+        return;
+    }
+    if HITS.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
+        eprintln!("strata: STRATA_CRASH_AT={name}: aborting here (crash test)");
+        std::process::abort();
+    }
+}

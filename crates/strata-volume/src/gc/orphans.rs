@@ -1,0 +1,120 @@
+//! Orphans: objects under a volume's prefix that nothing references
+//! (segments stored after a gap, uploads of a crashed or fenced writer,
+//! leftovers of a crash during GC, checkpoints no manifest names), found by
+//! listing and deleted once older than the grace period.
+//!
+//! A segment is ours while it is in `stored` (listed at open, or uploaded
+//! since) or may still be uploading (`durable_seq < seq <= open_seq`); a
+//! checkpoint is ours if the manifest names it, lists it as pending, or it
+//! may still be in flight (newer than the manifest's). Anything else older
+//! than the grace period is an orphan. The manifest and the lease are never
+//! orphans.
+
+use std::collections::BTreeMap;
+
+use object_store::ObjectMeta;
+use strata_store::ObjectNames;
+
+use crate::format::manifest::{ObjectKind, PendingDeletion};
+
+/// What the volume references, as of after the listing.
+pub(crate) struct OrphanView<'a> {
+    pub stored: &'a BTreeMap<u64, u64>,
+    pub durable_seq: u64,
+    pub open_seq: u64,
+    pub manifest_checkpoint: Option<u64>,
+    pub pending: &'a [PendingDeletion],
+}
+
+/// Orphans among `listing` (objects under the volume's prefix).
+pub(crate) fn find_orphans(
+    names: &ObjectNames,
+    listing: &[ObjectMeta],
+    view: &OrphanView<'_>,
+    now_ms: u64,
+    grace_ms: u64,
+) -> Vec<ObjectMeta> {
+    let segments = names.segments_prefix();
+    let checkpoints = names.checkpoints_prefix();
+    let pending =
+        |kind: ObjectKind, seq: u64| view.pending.iter().any(|p| p.kind == kind && p.seq == seq);
+    listing
+        .iter()
+        .filter(|o| {
+            let age_ms = now_ms.saturating_sub(o.last_modified.timestamp_millis().max(0) as u64);
+            if age_ms < grace_ms {
+                return false;
+            }
+            let Some(seq) = ObjectNames::parse_seq(&o.location) else {
+                return false;
+            };
+            let parent = o.location.prefix_matches(&segments);
+            if parent {
+                let in_flight = seq > view.durable_seq && seq <= view.open_seq;
+                return !view.stored.contains_key(&seq)
+                    && !in_flight
+                    && !pending(ObjectKind::Segment, seq);
+            }
+            if o.location.prefix_matches(&checkpoints) {
+                let named = view.manifest_checkpoint == Some(seq);
+                let newer = view.manifest_checkpoint.is_none_or(|c| seq > c);
+                return !named && !newer && !pending(ObjectKind::Checkpoint, seq);
+            }
+            false
+        })
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::path::Path;
+
+    fn meta(location: Path, modified_ms: i64) -> ObjectMeta {
+        ObjectMeta {
+            location,
+            last_modified: chrono::DateTime::from_timestamp_millis(modified_ms).unwrap_or_default(),
+            size: 1,
+            e_tag: None,
+            version: None,
+        }
+    }
+
+    #[test]
+    fn only_old_unreferenced_segments_and_checkpoints_are_orphans() {
+        let n = ObjectNames::new("v");
+        let listing = vec![
+            meta(n.manifest(), 0),
+            meta(n.lease(), 0),
+            meta(n.segment(1), 0),    // stored: ours
+            meta(n.segment(2), 0),    // not stored, not pending: orphan
+            meta(n.segment(3), 0),    // pending deletion: not an orphan
+            meta(n.segment(6), 0),    // may still be uploading
+            meta(n.segment(9), 0),    // beyond the open segment: orphan
+            meta(n.segment(4), 990),  // too young
+            meta(n.checkpoint(2), 0), // replaced, not pending: orphan
+            meta(n.checkpoint(5), 0), // named
+            meta(n.checkpoint(7), 0), // newer: in flight
+        ];
+        let stored = BTreeMap::from([(1, 1)]);
+        let pending = [PendingDeletion {
+            kind: ObjectKind::Segment,
+            seq: 3,
+            since_unix_ms: 0,
+            bytes: 1,
+        }];
+        let view = OrphanView {
+            stored: &stored,
+            durable_seq: 5,
+            open_seq: 7,
+            manifest_checkpoint: Some(5),
+            pending: &pending,
+        };
+        let found: Vec<Path> = find_orphans(&n, &listing, &view, 1000, 100)
+            .into_iter()
+            .map(|o| o.location)
+            .collect();
+        assert_eq!(found, vec![n.segment(2), n.segment(9), n.checkpoint(2)]);
+    }
+}

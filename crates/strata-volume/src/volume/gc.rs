@@ -1,0 +1,553 @@
+//! Garbage collection passes of a volume: the background task and the
+//! explicit pass `strata volume gc` asks for. The steps are in `gc/`; this
+//! file orders them and holds what they need (lock, store, ownership):
+//!
+//! 1. compaction: victims' live pieces read, then repointed into the open
+//!    segment under the lock (`gc.after_repoint`); the open segment is
+//!    sealed and stored as usual (`gc.after_copy_put`);
+//! 2. a checkpoint lists what is unreferenced as pending deletions in the
+//!    manifest (`volume/checkpoint.rs`, `gc.after_checkpoint`);
+//! 3. after the grace period the pending objects are deleted
+//!    (`gc.between_deletions`) and removed from the manifest
+//!    (`gc.after_deletions` comes before that write);
+//! 4. now and then, a listing sweep deletes orphans.
+//!
+//! User I/O keeps priority: a copy waits while the write buffer is more
+//! than half full or the lease may have lapsed, and copying is paced to
+//! `--gc-rate`. A fenced volume deletes nothing.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Volume;
+use crate::clock::now_ms;
+use crate::crash_point::crash_point;
+use crate::error::VolumeError;
+use crate::format::manifest::{GcPassRecord, Manifest, ObjectKind, PendingDeletion};
+use crate::gc::{
+    deletion_candidates, due_deletions, find_orphans, live_pieces, pick_victims, read_live_data,
+    remove_deleted, repoint, GcCounters, LivePiece, OrphanView, VictimPolicy,
+};
+use crate::objects::{fetch_segment_header, store_error};
+
+/// Live bytes read and repointed at once (memory of a copy in flight).
+const COPY_BATCH_BYTES: u64 = 4 << 20;
+/// Background passes between two orphan sweeps (a listing each).
+const SWEEP_EVERY_PASSES: u64 = 30;
+/// Deletions in flight at once.
+const PARALLEL_DELETES: usize = 16;
+/// How long a copy waits for room in the write buffer before the pass
+/// moves on to its deletions.
+const MAX_ROOM_WAIT: Duration = Duration::from_secs(1);
+/// Live bytes a background pass copies at most (then it yields).
+const BACKGROUND_PASS_COPY_BYTES: u64 = 256 << 20;
+
+/// What an explicit pass did.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct GcPassReport {
+    pub segments_rewritten: u64,
+    pub bytes_copied: u64,
+    pub bytes_superseded: u64,
+    pub objects_deleted: u64,
+    pub bytes_reclaimed: u64,
+    /// Still waiting for their grace period (without `wait`).
+    pub pending_deletions: u64,
+    pub pending_bytes: u64,
+    pub stored_bytes: u64,
+    pub live_bytes: u64,
+}
+
+/// Why a pass stopped early (not an error: the volume is closing or was
+/// fenced, and whoever holds it next carries on).
+struct Stopped;
+
+impl Volume {
+    /// Starts the background garbage collector (if enabled).
+    pub(crate) fn start_gc(self: &Arc<Self>) {
+        if !self.config.gc.enabled {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let wake = self.gc_wake.clone();
+        let interval = Duration::from_millis(self.config.gc.interval_ms);
+        tokio::spawn(async move {
+            let mut passes = 0u64;
+            loop {
+                let _ = tokio::time::timeout(interval, wake.notified()).await;
+                let Some(vol) = weak.upgrade() else { return };
+                if vol.gc_should_stop() {
+                    return;
+                }
+                vol.background_pass(passes.is_multiple_of(SWEEP_EVERY_PASSES))
+                    .await;
+                passes += 1;
+            }
+        });
+    }
+
+    fn gc_should_stop(&self) -> bool {
+        self.closed.load(Ordering::Acquire) || self.ownership.fenced().is_some()
+    }
+
+    /// One background pass; true if it copied or deleted anything.
+    async fn background_pass(self: &Arc<Self>, sweep: bool) -> bool {
+        let _pass = self.gc_pass.lock().await;
+        let policy = VictimPolicy {
+            live_threshold_percent: self.config.gc.live_threshold_percent,
+            space_target_percent: self.config.gc.space_target_percent,
+            small_segment_bytes: self.config.segment_bytes / 4,
+            max_copy_bytes: BACKGROUND_PASS_COPY_BYTES,
+        };
+        let mut report = GcPassReport::default();
+        let result = self.run_steps(&policy, false, sweep, &mut report).await;
+        let busy = result.is_ok() && (report.bytes_copied > 0 || report.objects_deleted > 0);
+        self.finish_pass(result, &report).await;
+        busy
+    }
+
+    /// One pass now, compacting every segment below 90% live. With `wait`,
+    /// returns once what it made unreferenced is deleted (after the grace
+    /// period); otherwise once it is pending.
+    pub async fn gc_now(self: &Arc<Self>, wait: bool) -> Result<GcPassReport, VolumeError> {
+        self.check_failed()?;
+        let _pass = self.gc_pass.lock().await;
+        let policy = VictimPolicy {
+            live_threshold_percent: 90,
+            space_target_percent: 110,
+            small_segment_bytes: self.config.segment_bytes / 4,
+            max_copy_bytes: u64::MAX,
+        };
+        let mut report = GcPassReport::default();
+        let result = self.run_steps(&policy, true, true, &mut report).await;
+        if result.is_ok() && wait {
+            self.wait_for_deletions(&mut report).await;
+        }
+        self.finish_pass(result, &report).await;
+        self.check_failed()?;
+        let st = self.state.lock().space_usage();
+        let (pending, pending_bytes) = *self.gc_pending.lock();
+        Ok(GcPassReport {
+            pending_deletions: pending,
+            pending_bytes,
+            stored_bytes: st.stored_bytes,
+            live_bytes: st.live_bytes,
+            ..report
+        })
+    }
+
+    async fn run_steps(
+        self: &Arc<Self>,
+        policy: &VictimPolicy,
+        explicit: bool,
+        sweep: bool,
+        report: &mut GcPassReport,
+    ) -> Result<(), Stopped> {
+        // Deletions first too: a long compaction must not hold them up.
+        self.delete_due(report).await?;
+        self.compact(policy, report).await?;
+        self.checkpoint_for_garbage(explicit).await?;
+        self.delete_due(report).await?;
+        if sweep {
+            self.sweep_orphans(report).await?;
+        }
+        Ok(())
+    }
+
+    async fn finish_pass(&self, result: Result<(), Stopped>, report: &GcPassReport) {
+        GcCounters::add(&self.gc.passes, 1);
+        if result.is_err() || (report.segments_rewritten == 0 && report.objects_deleted == 0) {
+            return;
+        }
+        tracing::info!(volume = %self.name, segments_rewritten = report.segments_rewritten, bytes_copied = report.bytes_copied, objects_deleted = report.objects_deleted, bytes_reclaimed = report.bytes_reclaimed, "garbage collection pass");
+    }
+
+    /// Step 1: rewrites the victims' live data into the open segment.
+    async fn compact(
+        self: &Arc<Self>,
+        policy: &VictimPolicy,
+        report: &mut GcPassReport,
+    ) -> Result<(), Stopped> {
+        let victims = {
+            let st = self.state.lock();
+            pick_victims(&st.stored, st.map.usage(), policy)
+        };
+        for v in victims {
+            match self.compact_segment(v.seq, report).await {
+                Ok(()) => {}
+                Err(CompactError::Stopped) => return Err(Stopped),
+                // Writers keep the buffer full: the rest of the pass (and
+                // the next) goes on; this one's deletions need not wait.
+                Err(CompactError::Busy) => return Ok(()),
+                Err(CompactError::Failed(e)) => {
+                    GcCounters::add(&self.gc.errors, 1);
+                    tracing::warn!(volume = %self.name, seq = v.seq, error = %e, "garbage collection could not rewrite a segment; it stays as it is");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn compact_segment(
+        self: &Arc<Self>,
+        seq: u64,
+        report: &mut GcPassReport,
+    ) -> Result<(), CompactError> {
+        let (idx, entries) =
+            fetch_segment_header(&self.store, &self.names, seq, self.uuid, self.size_bytes).await?;
+        let pieces = live_pieces(&self.state.lock().map, seq, &entries);
+        for batch in batches(&pieces) {
+            let bytes: u64 = batch.iter().map(|p| p.len).sum();
+            let urgent = self.space_is_urgent();
+            self.wait_for_copy_room(bytes, urgent).await?;
+            let started = std::time::Instant::now();
+            let data = read_live_data(&self.store, &self.names, seq, &idx, batch).await?;
+            let outcome = {
+                let mut st = self.state.lock();
+                if st.failed.is_some() || self.closed.load(Ordering::Acquire) {
+                    return Err(CompactError::Stopped);
+                }
+                let outcome = repoint(&mut st, seq, batch, &data);
+                if st.open.cost_bytes >= self.config.segment_bytes {
+                    self.seal_locked(&mut st, false);
+                }
+                outcome
+            };
+            crash_point("gc.after_repoint");
+            report.bytes_copied += outcome.copied_bytes;
+            report.bytes_superseded += outcome.superseded_bytes;
+            GcCounters::add(&self.gc.bytes_copied, outcome.copied_bytes);
+            GcCounters::add(&self.gc.bytes_superseded, outcome.superseded_bytes);
+            if !urgent {
+                self.pace(bytes, started).await;
+            }
+        }
+        report.segments_rewritten += 1;
+        GcCounters::add(&self.gc.segments_rewritten, 1);
+        Ok(())
+    }
+
+    /// Whether stored bytes exceed live bytes by more than the space target
+    /// plus 100% (2.4x by default): then GC stops yielding to writers, or
+    /// sustained writes would grow the store without bound.
+    fn space_is_urgent(&self) -> bool {
+        let space = self.state.lock().space_usage();
+        let limit =
+            u128::from(space.live_bytes) * u128::from(self.config.gc.space_target_percent + 100);
+        u128::from(space.stored_bytes) * 100 > limit
+    }
+
+    /// Waits until a copy of `bytes` fits in half the write buffer and the
+    /// lease is valid: user writes go first. When `urgent`, a copy goes in
+    /// whenever the buffer is not over its budget, overshooting it by at
+    /// most one batch (`COPY_BATCH_BYTES`), so writers that keep the
+    /// buffer full cannot starve GC.
+    async fn wait_for_copy_room(&self, bytes: u64, urgent: bool) -> Result<(), CompactError> {
+        let started = std::time::Instant::now();
+        loop {
+            if started.elapsed() > MAX_ROOM_WAIT {
+                return Err(CompactError::Busy);
+            }
+            {
+                let st = self.state.lock();
+                if st.failed.is_some() || self.gc_should_stop() {
+                    return Err(CompactError::Stopped);
+                }
+                let budget = self.config.write_buffer_bytes;
+                let room = if urgent {
+                    st.buffered_cost_bytes <= budget
+                } else {
+                    st.buffered_cost_bytes + bytes <= budget / 2
+                };
+                if room && self.ownership.is_valid() {
+                    return Ok(());
+                }
+            }
+            let notified = self.space.notified();
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+
+    /// Keeps copying at `--gc-rate` on average.
+    async fn pace(&self, bytes: u64, started: std::time::Instant) {
+        let due = Duration::from_secs_f64(bytes as f64 / self.config.gc.rate_bytes_per_sec as f64);
+        if let Some(rest) = due.checked_sub(started.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+    }
+
+    /// Step 2: a checkpoint, if stored segments are unreferenced and not yet
+    /// pending deletion (at least a segment's worth, or any when explicit),
+    /// so they can become pending. Waits for it.
+    async fn checkpoint_for_garbage(self: &Arc<Self>, explicit: bool) -> Result<(), Stopped> {
+        if explicit {
+            // Everything written so far in the store first: a segment still
+            // uploading cannot be listed as unreferenced yet.
+            let target = {
+                let mut st = self.state.lock();
+                self.seal_locked(&mut st, false);
+                st.open.seq - 1
+            };
+            self.wait_until(|st| {
+                (st.durable_seq >= target && st.checkpoint_done_seq >= st.checkpoint_requested_seq)
+                    || st.failed.is_some()
+            })
+            .await;
+        }
+        let manifest = self.manifest.current().await;
+        let seq = {
+            let mut st = self.state.lock();
+            let candidates = deletion_candidates(&st.stored, st.map.usage(), u64::MAX);
+            let new_bytes: u64 = candidates
+                .segments
+                .iter()
+                .filter(|(seq, _)| !is_pending(&manifest, ObjectKind::Segment, *seq))
+                .map(|s| s.1)
+                .sum();
+            let worth = new_bytes > 0 && (explicit || new_bytes >= self.config.segment_bytes);
+            let idle = st.checkpoint_done_seq >= st.checkpoint_requested_seq;
+            if !worth || (!idle && !explicit) {
+                return Ok(());
+            }
+            self.checkpoint_locked(&mut st)
+        };
+        if let Some(seq) = seq {
+            self.wait_until(|st| st.checkpoint_done_seq >= seq || st.failed.is_some())
+                .await;
+        }
+        if self.state.lock().failed.is_some() {
+            return Err(Stopped);
+        }
+        Ok(())
+    }
+
+    /// Step 3: deletes the pending deletions whose grace period passed, then
+    /// drops them from the manifest.
+    async fn delete_due(&self, report: &mut GcPassReport) -> Result<(), Stopped> {
+        let manifest = self.manifest.current().await;
+        self.note_pending(&manifest);
+        let due = due_deletions(&manifest, now_ms(), self.config.gc.grace_ms);
+        let due: Vec<PendingDeletion> = due
+            .into_iter()
+            .filter(|p| self.still_unreferenced(&manifest, p))
+            .collect();
+        let mut done: Vec<PendingDeletion> = Vec::new();
+        for batch in due.chunks(PARALLEL_DELETES) {
+            // A fenced server (or one whose lease may have lapsed) deletes
+            // nothing; the holder inherits the list.
+            if !self.ownership.is_valid() || self.ownership.fenced().is_some() {
+                break;
+            }
+            if !done.is_empty() {
+                crash_point("gc.between_deletions");
+            }
+            let deletes = batch.iter().map(|p| self.delete_object(p));
+            let results = futures::future::join_all(deletes).await;
+            let mut failed = false;
+            for (p, ok) in batch.iter().zip(results) {
+                failed |= !ok;
+                if !ok {
+                    continue;
+                }
+                if p.kind == ObjectKind::Segment {
+                    self.state.lock().stored.remove(&p.seq);
+                }
+                report.objects_deleted += 1;
+                report.bytes_reclaimed += p.bytes;
+                GcCounters::add(&self.gc.objects_deleted, 1);
+                GcCounters::add(&self.gc.bytes_reclaimed, p.bytes);
+                done.push(*p);
+            }
+            if failed {
+                break;
+            }
+        }
+        if done.is_empty() {
+            return Ok(());
+        }
+        crash_point("gc.after_deletions");
+        let record = self.pass_record(report);
+        let change = |m: &Manifest| {
+            let mut next = remove_deleted(m, &done);
+            next.last_gc = Some(record);
+            Some(next)
+        };
+        match self
+            .manifest
+            .update(&self.store, &self.ownership, change)
+            .await
+        {
+            Ok(_) => {
+                self.note_pending(&self.manifest.current().await);
+                Ok(())
+            }
+            Err(refused) => {
+                let detail = self.refused(refused);
+                tracing::warn!(volume = %self.name, %detail, "deleted objects not removed from the manifest; the next holder deletes them again");
+                Err(Stopped)
+            }
+        }
+    }
+
+    /// Deletes one pending object; a missing one counts as deleted (a
+    /// repeat after a crash). False (logged) on a store error.
+    async fn delete_object(&self, p: &PendingDeletion) -> bool {
+        let path = match p.kind {
+            ObjectKind::Segment => self.names.segment(p.seq),
+            ObjectKind::Checkpoint => self.names.checkpoint(p.seq),
+        };
+        match self.store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+            Err(e) => {
+                GcCounters::add(&self.gc.errors, 1);
+                tracing::warn!(volume = %self.name, object = %path, error = %e, "cannot delete an unreferenced object; retrying at the next pass");
+                false
+            }
+        }
+    }
+
+    /// A last check before a delete (an invariant, not a decision): the
+    /// map does not point into the segment, and the manifest's checkpoint
+    /// is at or past it; the named checkpoint is never deleted.
+    fn still_unreferenced(&self, manifest: &Manifest, p: &PendingDeletion) -> bool {
+        let ok = match p.kind {
+            ObjectKind::Segment => {
+                let live = self.state.lock().map.usage().live_bytes(p.seq);
+                live == 0 && manifest.checkpoint_seq.is_some_and(|c| c >= p.seq)
+            }
+            ObjectKind::Checkpoint => manifest.checkpoint_seq != Some(p.seq),
+        };
+        if !ok {
+            tracing::error!(volume = %self.name, ?p, "BUG: a pending deletion is still referenced; not deleting it");
+        }
+        ok
+    }
+
+    fn note_pending(&self, m: &Manifest) {
+        let bytes = m.pending_deletions.iter().map(|p| p.bytes).sum();
+        *self.gc_pending.lock() = (m.pending_deletions.len() as u64, bytes);
+    }
+
+    fn pass_record(&self, report: &GcPassReport) -> GcPassRecord {
+        let space = self.state.lock().space_usage();
+        GcPassRecord {
+            finished_unix_ms: now_ms(),
+            segments_rewritten: report.segments_rewritten,
+            bytes_copied: report.bytes_copied,
+            objects_deleted: report.objects_deleted,
+            bytes_reclaimed: report.bytes_reclaimed,
+            stored_bytes: space.stored_bytes,
+            live_bytes: space.live_bytes,
+        }
+    }
+
+    /// For `gc_now(wait)`: deletes what was pending when it was called as
+    /// grace periods pass, until none of it is (later additions are the
+    /// next pass's).
+    async fn wait_for_deletions(&self, report: &mut GcPassReport) {
+        let horizon_ms = now_ms();
+        loop {
+            let manifest = self.manifest.current().await;
+            let waiting = manifest.pending_deletions.iter().map(|p| p.since_unix_ms);
+            let Some(first) = waiting.filter(|&t| t <= horizon_ms).min() else {
+                return;
+            };
+            let due_ms = first.saturating_add(self.config.gc.grace_ms);
+            let wait_ms = due_ms.saturating_sub(now_ms());
+            tokio::time::sleep(Duration::from_millis(wait_ms.min(1000))).await;
+            if self.delete_due(report).await.is_err() || self.gc_should_stop() {
+                return;
+            }
+        }
+    }
+
+    /// Step 4: deletes objects nothing references, older than the grace
+    /// period.
+    async fn sweep_orphans(&self, report: &mut GcPassReport) -> Result<(), Stopped> {
+        let prefix = self.names.volume_prefix();
+        let listing = match self.store.list_all(&prefix).await {
+            Ok(l) => l,
+            Err(e) => {
+                GcCounters::add(&self.gc.errors, 1);
+                tracing::warn!(volume = %self.name, error = %store_error(&self.store, "list", &prefix)(e), "orphan sweep skipped");
+                return Ok(());
+            }
+        };
+        let manifest = self.manifest.current().await;
+        let orphans = {
+            let st = self.state.lock();
+            let view = OrphanView {
+                stored: &st.stored,
+                durable_seq: st.durable_seq,
+                open_seq: st.open.seq,
+                manifest_checkpoint: manifest.checkpoint_seq,
+                pending: &manifest.pending_deletions,
+            };
+            find_orphans(
+                &self.names,
+                &listing,
+                &view,
+                now_ms(),
+                self.config.gc.grace_ms,
+            )
+        };
+        for o in orphans {
+            if !self.ownership.is_valid() || self.ownership.fenced().is_some() {
+                return Err(Stopped);
+            }
+            tracing::info!(volume = %self.name, object = %o.location, bytes = o.size, "deleting an orphan (nothing references it)");
+            match self.store.delete(&o.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    GcCounters::add(&self.gc.orphans_deleted, 1);
+                    GcCounters::add(&self.gc.bytes_reclaimed, o.size);
+                    report.objects_deleted += 1;
+                    report.bytes_reclaimed += o.size;
+                }
+                Err(e) => {
+                    GcCounters::add(&self.gc.errors, 1);
+                    tracing::warn!(volume = %self.name, object = %o.location, error = %e, "cannot delete an orphan");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_pending(m: &Manifest, kind: ObjectKind, seq: u64) -> bool {
+    m.pending_deletions
+        .iter()
+        .any(|p| p.kind == kind && p.seq == seq)
+}
+
+/// Splits pieces into batches of about `COPY_BATCH_BYTES` (a piece longer
+/// than that is a batch of its own; pieces are at most one write long).
+fn batches(pieces: &[LivePiece]) -> Vec<&[LivePiece]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0u64;
+    for (i, p) in pieces.iter().enumerate() {
+        if bytes > 0 && bytes + p.len > COPY_BATCH_BYTES {
+            out.push(&pieces[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += p.len;
+    }
+    if start < pieces.len() {
+        out.push(&pieces[start..]);
+    }
+    out
+}
+
+enum CompactError {
+    Stopped,
+    /// No room for a copy for `MAX_ROOM_WAIT`.
+    Busy,
+    Failed(VolumeError),
+}
+
+impl From<VolumeError> for CompactError {
+    fn from(e: VolumeError) -> Self {
+        CompactError::Failed(e)
+    }
+}
