@@ -15,11 +15,11 @@ use tokio::sync::OnceCell;
 use crate::clock::now_ms;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
-use crate::format::manifest::Manifest;
-use crate::objects::{list_segments, read_manifest, store_error};
+use crate::format::manifest::{GcPassRecord, Manifest};
+use crate::objects::{list_segments, read_checkpoint, read_manifest, store_error};
 use crate::ownership::{read_lease, take_ownership};
 use crate::read::{ReadPathStats, SharedCaches};
-use crate::volume::{Volume, VolumeStats};
+use crate::volume::{GcPassReport, Volume, VolumeStats};
 
 /// Largest volume accepted: 1 PiB.
 pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
@@ -38,6 +38,18 @@ pub struct VolumeInfo {
     pub epoch: u64,
     /// The server holding a live lease on the volume, if any.
     pub served_by: Option<String>,
+    /// Bytes of stored segments the extent map points at, and where that
+    /// figure comes from ("open volume", or "checkpoint N": exact when the
+    /// volume was closed cleanly, older while a server writes to it).
+    pub live_bytes: Option<u64>,
+    pub live_as_of: String,
+    /// Stored segment bytes nothing points at (stored - live).
+    pub garbage_bytes: Option<u64>,
+    /// Objects waiting for their grace period before deletion.
+    pub pending_deletions: u64,
+    pub pending_bytes: u64,
+    /// The last garbage collection pass that deleted something.
+    pub last_gc: Option<GcPassRecord>,
 }
 
 /// What `Engine::stats` reports (the `--stats-file` JSON).
@@ -149,7 +161,7 @@ impl Engine {
             if validate_volume_name(name).is_err() {
                 continue;
             }
-            match self.volume_info(name).await {
+            match self.volume_info_with(name, false).await {
                 Ok(info) => out.push(info),
                 Err(VolumeError::NotFound(_)) => {}
                 Err(e) => return Err(e),
@@ -159,7 +171,16 @@ impl Engine {
         Ok(out)
     }
 
+    /// What `volume info` shows, live bytes included (reads the checkpoint).
     pub async fn volume_info(&self, name: &str) -> Result<VolumeInfo, VolumeError> {
+        self.volume_info_with(name, true).await
+    }
+
+    async fn volume_info_with(
+        &self,
+        name: &str,
+        with_live: bool,
+    ) -> Result<VolumeInfo, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         let m = read_manifest(&self.store, name).await?;
         let names = ObjectNames::new(name);
@@ -169,17 +190,74 @@ impl Engine {
             Ok(lease) => lease.and_then(|(l, _)| l.live_holder(now_ms())),
             Err(e) => Some(format!("unknown ({e})")),
         };
+        let stored_bytes: u64 = segs.iter().map(|s| s.1).sum();
+        let (live_bytes, live_as_of) = if with_live {
+            self.live_bytes(name, &m).await
+        } else {
+            (None, "not computed for lists".into())
+        };
         Ok(VolumeInfo {
             epoch: m.epoch,
             served_by,
+            live_bytes,
+            live_as_of,
+            garbage_bytes: live_bytes.map(|l| stored_bytes.saturating_sub(l)),
+            pending_deletions: m.pending_deletions.len() as u64,
+            pending_bytes: m.pending_deletions.iter().map(|p| p.bytes).sum(),
+            last_gc: m.last_gc,
             name: m.name,
             size_bytes: m.size_bytes,
             uuid: m.uuid,
             created_unix_ms: m.created_unix_ms,
             checkpoint_seq: m.checkpoint_seq,
             segments: segs.len() as u64,
-            stored_bytes: segs.iter().map(|s| s.1).sum(),
+            stored_bytes,
         })
+    }
+
+    /// Live bytes of a volume: exact if it is open here, else as of its
+    /// checkpoint (`None` if that cannot be read).
+    async fn live_bytes(&self, name: &str, m: &Manifest) -> (Option<u64>, String) {
+        if let Some(vol) = self.served(name) {
+            return (Some(vol.stats().space.live_bytes), "open volume".into());
+        }
+        let Some(seq) = m.checkpoint_seq else {
+            return (Some(0), "no checkpoint yet".into());
+        };
+        let names = ObjectNames::new(name);
+        let Ok(uuid) = m.uuid_bytes() else {
+            return (None, "unknown (bad uuid)".into());
+        };
+        match read_checkpoint(&self.store, &names, m, uuid, seq).await {
+            Ok((_, map)) => (
+                Some(map.usage().total_live_bytes()),
+                format!("checkpoint {seq}"),
+            ),
+            Err(e) => (None, format!("unknown ({e})")),
+        }
+    }
+
+    /// The volume if this engine has it open.
+    pub fn served(&self, name: &str) -> Option<Arc<Volume>> {
+        self.open.lock().get(name).and_then(|c| c.get().cloned())
+    }
+
+    /// Runs a garbage collection pass on volume `name` (`Volume::gc_now`):
+    /// on the open volume if this engine serves it, otherwise it opens the
+    /// volume (taking its lease: refused while another server holds it),
+    /// runs the pass, and closes it.
+    pub async fn gc_volume(&self, name: &str, wait: bool) -> Result<GcPassReport, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        if let Some(vol) = self.served(name) {
+            return vol.gc_now(wait).await;
+        }
+        let vol = self.open_volume(name).await?;
+        let report = vol.gc_now(wait).await;
+        let closed = vol.close().await;
+        self.open.lock().remove(name);
+        let report = report?;
+        closed?;
+        Ok(report)
     }
 
     /// Deletes a volume and everything it stored; refused while it is open

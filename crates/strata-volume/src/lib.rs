@@ -44,7 +44,7 @@ pub use config::{Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS, MIN_L
 pub use crash_point::GC_CRASH_POINTS;
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
-pub use format::manifest::Manifest;
+pub use format::manifest::{GcPassRecord, Manifest};
 pub use gc::GcStats;
 pub use map::SegmentUsage;
 pub use read::{

@@ -40,6 +40,7 @@ async fn random_ops_match_the_model_across_clean_reopens() {
             }
             assert_matches(&vol, &model, &format!("{backend} round {round}")).await;
             engine.close_all().await.unwrap();
+            assert_accounting(&vol, &store, &format!("{backend} round {round}")).await;
             let info = engine.volume_info("v").await.unwrap();
             assert!(
                 info.segments > 0 && info.checkpoint_seq.is_some(),
@@ -95,8 +96,10 @@ fn crash_recovery_keeps_every_acknowledged_write() {
         rt.block_on(async {
             let engine = Engine::new(store.clone(), small_config(dir.path())).unwrap();
             let vol = engine.open_volume("v").await.unwrap();
+            vol.verify_accounting().unwrap();
             assert_matches(&vol, &model, &format!("{backend} after crashes")).await;
             engine.close_all().await.unwrap();
+            assert_accounting(&vol, &store, &format!("{backend} after crashes")).await;
         });
     }
 }

@@ -216,6 +216,7 @@ async fn continuous_gc_racing_overwrites_loses_nothing() {
             "{backend}: {s:?}"
         );
         engine.close_all().await.unwrap();
+        assert_accounting(&vol, &store, backend).await;
         let engine = Engine::new(store.clone(), config(dir.path())).unwrap();
         let vol = engine.open_volume("v").await.unwrap();
         assert_matches(&vol, &model, &format!("{backend} after reopen")).await;

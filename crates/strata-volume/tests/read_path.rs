@@ -20,7 +20,7 @@ use object_store::{
     GetOptions, GetRange, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
-use strata_store::Store;
+use strata_store::{ObjectNames, Store};
 use strata_volume::{Engine, ReadPathStats, Volume, VolumeConfig};
 use tokio::sync::Semaphore;
 
@@ -40,6 +40,8 @@ struct Probe {
     fail_data_gets: AtomicU64,
     /// When set, data GETs wait for a permit of it.
     gate: Mutex<Option<Arc<Semaphore>>>,
+    /// When set, the next data GET (only that one) waits for a permit.
+    hold_next: Mutex<Option<Arc<Semaphore>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -113,6 +115,10 @@ impl CountingStore {
         // Yield once, as a network request would: GETs issued together are
         // all in flight before any of them completes.
         tokio::task::yield_now().await;
+        let held = p.hold_next.lock().unwrap().take();
+        if let Some(held) = held {
+            held.acquire().await.unwrap().forget();
+        }
         let gate = p.gate.lock().unwrap().clone();
         if let Some(gate) = gate {
             gate.acquire().await.unwrap().forget();
@@ -776,5 +782,47 @@ async fn concurrent_readers_through_every_tier_read_the_right_bytes() {
         "{s:?}"
     );
     assert_eq!(s.disk_chunks.verify_failures, 0);
+    engine.close_all().await.unwrap();
+}
+
+/// A read looks a segment up, and its GET is held while garbage
+/// collection copies that data elsewhere and deletes the segment (grace
+/// period 0, so the GET arrives after the deletion): the read still
+/// returns the right bytes, from where the data is now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_delayed_across_a_gc_deletion_still_reads_the_right_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, probe) = counting_store();
+    write_volume(&store, dir.path(), |vol| async move {
+        // Segment 1: 4 MiB; then 3 MiB of it overwritten (same bytes, so
+        // the expected data never changes): segment 1 is 25% live.
+        fill(&vol, 0, 4 * MIB).await;
+        fill(&vol, MIB, 3 * MIB).await;
+    })
+    .await;
+    let engine = Engine::new(store.clone(), no_readahead(dir.path())).unwrap();
+    let vol = engine.open_volume("v").await.unwrap();
+    let hold = Arc::new(Semaphore::new(0));
+    *probe.hold_next.lock().unwrap() = Some(hold.clone());
+    let reader = {
+        let vol = vol.clone();
+        tokio::spawn(async move { read_expect(&vol, 0, 64 * KIB).await })
+    };
+    while probe.data_in_flight.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let report = vol.gc_now(true).await.unwrap();
+    assert!(
+        report.bytes_copied >= MIB && report.objects_deleted >= 1,
+        "{report:?}"
+    );
+    let segment_1 = ObjectNames::new("v").segment(1);
+    assert!(
+        store.object_store().head(&segment_1).await.is_err(),
+        "segment 1 still stored"
+    );
+    hold.add_permits(1);
+    reader.await.unwrap();
+    read_expect(&vol, 0, 4 * MIB).await;
     engine.close_all().await.unwrap();
 }

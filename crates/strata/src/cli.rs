@@ -80,6 +80,67 @@ pub enum VolumeCommand {
     },
     /// Delete a volume and everything it stored. Not undoable.
     Delete { name: String },
+    /// Reclaim space now: rewrite partly-dead segments and delete what
+    /// nothing references. Asks the server on this host that serves the
+    /// volume (through <data-dir>/control.sock); when nobody serves it,
+    /// runs the pass itself, holding the volume's lease meanwhile. Prints
+    /// what it reclaimed. Servers also collect garbage in the background.
+    Gc {
+        name: String,
+        /// Wait until the objects the pass makes unreferenced are deleted
+        /// (after the grace period, --gc-grace-ms of the server; 2 min by
+        /// default). Without it, they are deleted later in the background.
+        #[arg(long)]
+        wait: bool,
+        /// Grace period when this command runs the pass itself.
+        #[arg(long, default_value_t = 120_000, value_name = "MS")]
+        gc_grace_ms: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Garbage collection in the background of a server.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Background garbage collection: `on` rewrites segments that are
+    /// mostly overwritten or trimmed and deletes what nothing references;
+    /// `off` keeps every object (space is then never reclaimed, except by
+    /// `strata volume gc`).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub gc: OnOff,
+
+    /// An object nothing references is deleted this long after it became
+    /// so. It covers reads already in flight (the store's request deadline
+    /// is 60 s); shorter only saves space for that long.
+    #[arg(long, default_value_t = 120_000, value_name = "MS")]
+    pub gc_grace_ms: u64,
+
+    /// Segments with less than this percentage of live data are rewritten.
+    #[arg(long, default_value_t = 60, value_name = "PERCENT")]
+    pub gc_live_threshold: u32,
+
+    /// While stored segment bytes exceed this percentage of the live data,
+    /// fuller segments are rewritten too (emptiest first).
+    #[arg(long, default_value_t = 140, value_name = "PERCENT")]
+    pub gc_space_target: u32,
+
+    /// Copy bandwidth of garbage collection per volume, per second. It
+    /// also only copies while the write buffer is at most half full, unless
+    /// the store holds over (space target + 100)% of the live data.
+    #[arg(long, default_value = "64MiB", value_name = "SIZE")]
+    pub gc_rate: String,
+
+    /// How often the background collector looks for work.
+    #[arg(long, default_value_t = 2_000, value_name = "MS")]
+    pub gc_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Debug, Args)]
@@ -126,6 +187,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub budgets: Budgets,
+
+    #[command(flatten)]
+    pub gc: GcArgs,
 
     /// Requests in flight per connection before the server stops reading.
     #[arg(long, default_value_t = 128, value_name = "N")]

@@ -1,6 +1,7 @@
 //! The `strata` binary: volume administration and the NBD server.
 
 mod cli;
+mod control;
 mod nbd_volume;
 mod serve;
 mod size;
@@ -11,9 +12,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Parser;
 use strata_store::{FaultConfig, LayerConfig, RetryPolicy, Store};
-use strata_volume::{Durability, Engine, VolumeConfig};
+use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
 
-use crate::cli::{Cli, Command, DurabilityArg, ServeArgs, VolumeCommand};
+use crate::cli::{Cli, Command, DurabilityArg, GcArgs, OnOff, ServeArgs, VolumeCommand};
 use crate::size::{format_size, size_option};
 
 fn main() -> ExitCode {
@@ -112,8 +113,23 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         let remote = !store.is_local();
         config.disk_cache_bytes = auto_size("--disk-cache-size", &b.disk_cache_size, remote, GIB)?;
         config.readahead_max_bytes = auto_size("--readahead", &b.readahead, remote, 8 * MIB)?;
+        config.gc = gc_config(&args.gc)?;
+    }
+    if let Command::Volume(VolumeCommand::Gc { gc_grace_ms, .. }) = &cli.command {
+        config.gc.grace_ms = *gc_grace_ms;
     }
     Engine::new(store, config).context("invalid configuration")
+}
+
+fn gc_config(a: &GcArgs) -> anyhow::Result<GcConfig> {
+    Ok(GcConfig {
+        enabled: a.gc == OnOff::On,
+        live_threshold_percent: a.gc_live_threshold,
+        space_target_percent: a.gc_space_target,
+        grace_ms: a.gc_grace_ms,
+        interval_ms: a.gc_interval_ms,
+        rate_bytes_per_sec: size_option("--gc-rate", &a.gc_rate)?,
+    })
 }
 
 const MIB: u64 = 1 << 20;
@@ -197,12 +213,129 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                     "served by:   {}",
                     v.served_by.as_deref().unwrap_or("nobody")
                 );
+                print_space_info(engine, &v).await;
             }
         }
         VolumeCommand::Delete { name } => {
             engine.delete_volume(name).await?;
             println!("deleted volume {name}");
         }
+        VolumeCommand::Gc {
+            name, wait, json, ..
+        } => {
+            let report = gc_command(engine, name, *wait).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_gc_report(name, &report, *wait);
+            }
+        }
     }
     Ok(())
+}
+
+/// The space lines of `volume info`: live bytes from the local server
+/// when it serves the volume (exact), else from the volume's checkpoint.
+async fn print_space_info(engine: &Engine, v: &strata_volume::VolumeInfo) {
+    let req = control::Request::Stats {
+        volume: v.name.clone(),
+    };
+    let served_here = match control::ask(&engine.config().data_dir, &req).await {
+        Ok(Some(control::Reply::Ok(stats))) => stats["space"]["live_bytes"].as_u64(),
+        _ => None,
+    };
+    let (live, as_of) = match served_here {
+        Some(l) => (Some(l), "the serving server".to_string()),
+        None => (v.live_bytes, v.live_as_of.clone()),
+    };
+    match live {
+        Some(live) => {
+            let garbage = v.stored_bytes.saturating_sub(live);
+            println!(
+                "live:        {} ({live} bytes, as of {as_of})",
+                format_size(live)
+            );
+            println!("garbage:     {} ({garbage} bytes)", format_size(garbage));
+        }
+        None => println!("live:        {as_of}"),
+    }
+    println!(
+        "pending:     {} objects ({}) to delete after the grace period",
+        v.pending_deletions,
+        format_size(v.pending_bytes)
+    );
+    match &v.last_gc {
+        Some(g) => println!(
+            "last GC:     {} s ago: rewrote {} segments ({} copied), deleted {} objects ({})",
+            now_unix_ms().saturating_sub(g.finished_unix_ms) / 1000,
+            g.segments_rewritten,
+            format_size(g.bytes_copied),
+            g.objects_deleted,
+            format_size(g.bytes_reclaimed)
+        ),
+        None => println!("last GC:     none yet"),
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `volume gc`: through the local server that has the volume open, or
+/// (nobody serves it) a pass run here under the volume's lease.
+async fn gc_command(engine: &Engine, name: &str, wait: bool) -> anyhow::Result<GcPassReport> {
+    if wait {
+        eprintln!("strata: collecting garbage of {name}; waiting for deletions after the grace period (Ctrl-C stops waiting; the server finishes later)");
+    }
+    let req = control::Request::Gc {
+        volume: name.to_string(),
+        wait,
+    };
+    match control::ask(&engine.config().data_dir, &req).await? {
+        Some(control::Reply::Ok(v)) => return Ok(serde_json::from_value(v)?),
+        Some(control::Reply::Error {
+            error,
+            not_served: false,
+        }) => bail!("the server on this host could not collect garbage of {name:?}: {error}"),
+        Some(control::Reply::Error { .. }) | None => {}
+    }
+    let info = engine.volume_info(name).await?;
+    if let Some(holder) = info.served_by {
+        bail!("volume {name:?} is being served by {holder}: run `strata volume gc {name}` on that host (with its --data-dir), where the serving server does it");
+    }
+    Ok(engine.gc_volume(name, wait).await?)
+}
+
+fn print_gc_report(name: &str, r: &GcPassReport, wait: bool) {
+    println!(
+        "{name}: rewrote {} segments ({} copied), deleted {} objects ({} reclaimed)",
+        r.segments_rewritten,
+        format_size(r.bytes_copied),
+        r.objects_deleted,
+        format_size(r.bytes_reclaimed)
+    );
+    if r.pending_deletions > 0 {
+        let when = if wait {
+            ""
+        } else {
+            " (deleted after the grace period; --wait waits for it)"
+        };
+        println!(
+            "{name}: {} objects ({}) pending deletion{when}",
+            r.pending_deletions,
+            format_size(r.pending_bytes)
+        );
+    }
+    let ratio = if r.live_bytes > 0 {
+        r.stored_bytes as f64 / r.live_bytes as f64
+    } else {
+        0.0
+    };
+    println!(
+        "{name}: stored {}, live {} ({ratio:.2}x)",
+        format_size(r.stored_bytes),
+        format_size(r.live_bytes)
+    );
 }

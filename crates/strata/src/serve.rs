@@ -41,10 +41,13 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     }
     print_uris(&volumes, &server.local_addrs())?;
     let stats_task = start_stats(&engine, args);
+    let control_task = crate::control::listen(engine.clone()).await?;
     let result = server.run(shutdown_signal()).await;
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
     stats_task.abort();
+    control_task.abort();
+    let _ = std::fs::remove_file(crate::control::socket_path(&engine.config().data_dir));
     let last = engine.stats();
     tracing::info!(stats = %summary(&last), "final counters");
     if let Some(path) = &args.stats_file {

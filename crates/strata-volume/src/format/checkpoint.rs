@@ -10,8 +10,9 @@
 //!
 //! ```text
 //!   0  8  magic "STRATCKP"
-//!   8  2  version (1)
-//!  10  6  zero
+//!   8  2  version (2; version 1 has no usage table)
+//!  10  2  zero
+//!  12  4  usage_count (version 2; zero in version 1)
 //!  16  8  seq
 //!  24 16  volume uuid
 //!  40 16  journal id   }
@@ -25,16 +26,24 @@
 //! 104     extent_count x 24 bytes, sorted, non-overlapping:
 //!           0 8 volume offset  8 8 segment seq (u64::MAX: zeros)
 //!          16 4 data offset   20 4 length
+//!         usage table (version 2): usage_count x 16 bytes, by seq:
+//!           0 8 segment seq    8 8 live bytes (what the map points at)
 //! ```
+//!
+//! The CRC at 96 covers extents and usage table. The usage table is
+//! redundant on purpose: recovery recomputes live bytes from the extents
+//! and compares (`objects/checkpoints.rs`); a mismatch is a bug, logged,
+//! and the recomputation wins. Version 1 checkpoints still decode.
 
 use super::bytes::{array16, le_u32, le_u64};
 use super::segment::{JournalSpan, JOURNAL_SPAN_BYTES};
 use crate::map::{ExtentMap, ExtentRecord, Target, MAX_EXTENT_BYTES};
 
 const MAGIC: &[u8; 8] = b"STRATCKP";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 const HEADER_BYTES: usize = 104;
 const RECORD_BYTES: usize = 24;
+const USAGE_BYTES: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointInfo {
@@ -48,8 +57,10 @@ pub struct CheckpointInfo {
 pub fn encode(info: &CheckpointInfo, map: &ExtentMap) -> Vec<u8> {
     let mut b = Vec::with_capacity(HEADER_BYTES + RECORD_BYTES * map.len());
     b.extend_from_slice(MAGIC);
+    let usage = map.usage();
     b.extend_from_slice(&VERSION.to_le_bytes());
-    b.extend_from_slice(&[0u8; 6]);
+    b.extend_from_slice(&[0u8; 2]);
+    b.extend_from_slice(&(usage.len() as u32).to_le_bytes());
     b.extend_from_slice(&info.seq.to_le_bytes());
     b.extend_from_slice(&info.volume_uuid);
     info.span.encode_into(&mut b);
@@ -66,6 +77,10 @@ pub fn encode(info: &CheckpointInfo, map: &ExtentMap) -> Vec<u8> {
         b.extend_from_slice(&offset.to_le_bytes());
         b.extend_from_slice(&(e.len as u32).to_le_bytes());
     }
+    for (seq, live) in usage.iter() {
+        b.extend_from_slice(&seq.to_le_bytes());
+        b.extend_from_slice(&live.to_le_bytes());
+    }
     let body_crc = crc32c::crc32c(&b[HEADER_BYTES..]);
     b[96..100].copy_from_slice(&body_crc.to_le_bytes());
     let header_crc = crc32c::crc32c(&b[0..100]);
@@ -75,12 +90,25 @@ pub fn encode(info: &CheckpointInfo, map: &ExtentMap) -> Vec<u8> {
 
 /// Verifies and loads a checkpoint.
 pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
+    decode_with_usage(b).map(|(info, map, _)| (info, map))
+}
+
+/// Live bytes per segment as a checkpoint recorded them: `(seq, bytes)`.
+pub type UsageTable = Vec<(u64, u64)>;
+
+/// Verifies and loads a checkpoint, with the live bytes per segment it
+/// recorded (`None` for version 1), for comparison with the map's.
+pub fn decode_with_usage(
+    b: &[u8],
+) -> Result<(CheckpointInfo, ExtentMap, Option<UsageTable>), String> {
     if b.len() < HEADER_BYTES || &b[0..8] != MAGIC {
         return Err("not a strata checkpoint (bad magic or truncated)".into());
     }
     let version = u16::from_le_bytes([b[8], b[9]]);
-    if version != VERSION {
-        return Err(format!("unsupported checkpoint version {version}"));
+    if version != 1 && version != VERSION {
+        return Err(format!(
+            "unsupported checkpoint version {version} (this strata reads 1 and {VERSION}; a newer strata wrote it)"
+        ));
     }
     if crc32c::crc32c(&b[0..100]) != le_u32(&b[100..104]) {
         return Err("checkpoint header checksum mismatch".into());
@@ -92,16 +120,24 @@ pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
         volume_size_bytes: le_u64(&b[80..88]),
     };
     let count = le_u64(&b[88..96]);
-    let body = &b[HEADER_BYTES..];
-    if Some(body.len() as u64) != count.checked_mul(RECORD_BYTES as u64) {
+    let usage_count = if version == 1 {
+        0
+    } else {
+        u64::from(le_u32(&b[12..16]))
+    };
+    let all = &b[HEADER_BYTES..];
+    let extent_bytes = count.checked_mul(RECORD_BYTES as u64);
+    let expect = extent_bytes.and_then(|e| e.checked_add(usage_count * USAGE_BYTES as u64));
+    if Some(all.len() as u64) != expect || usage_count > count {
         return Err(format!(
-            "checkpoint holds {} bytes of extents, header says {count} extents",
-            body.len()
+            "checkpoint holds {} bytes of tables, header says {count} extents and {usage_count} segments",
+            all.len()
         ));
     }
-    if crc32c::crc32c(body) != le_u32(&b[96..100]) {
+    if crc32c::crc32c(all) != le_u32(&b[96..100]) {
         return Err("checkpoint extents checksum mismatch".into());
     }
+    let (body, usage_table) = all.split_at(count as usize * RECORD_BYTES);
     let mut map = ExtentMap::new();
     let mut prev_end = 0u64;
     for r in body.chunks_exact(RECORD_BYTES) {
@@ -125,7 +161,26 @@ pub fn decode(b: &[u8]) -> Result<(CheckpointInfo, ExtentMap), String> {
         prev_end = end;
         map.set(rec.start, rec.len, Some(rec.target));
     }
-    Ok((info, map))
+    let usage = (version >= 2)
+        .then(|| decode_usage(usage_table))
+        .transpose()?;
+    Ok((info, map, usage))
+}
+
+/// The usage table: `(seq, live bytes)`, seqs strictly increasing, live
+/// bytes above zero.
+fn decode_usage(table: &[u8]) -> Result<UsageTable, String> {
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(table.len() / USAGE_BYTES);
+    for r in table.chunks_exact(USAGE_BYTES) {
+        let (seq, live) = (le_u64(&r[0..8]), le_u64(&r[8..16]));
+        if live == 0 || out.last().is_some_and(|&(prev, _)| prev >= seq) {
+            return Err(format!(
+                "checkpoint usage table out of order at segment {seq}"
+            ));
+        }
+        out.push((seq, live));
+    }
+    Ok(out)
 }
 
 fn decode_record(r: &[u8]) -> ExtentRecord {
@@ -174,8 +229,9 @@ mod tests {
             volume_size_bytes: 1 << 30,
         };
         let b = encode(&info, &map);
-        let (info2, map2) = decode(&b).unwrap();
+        let (info2, map2, usage) = decode_with_usage(&b).unwrap();
         assert_eq!(info2, info);
+        assert_eq!(usage, Some(vec![(3, 4096), (5, 17)]));
         assert_eq!(
             map2.iter().collect::<Vec<_>>(),
             map.iter().collect::<Vec<_>>()
@@ -189,5 +245,30 @@ mod tests {
         let mut small = info;
         small.volume_size_bytes = 4096;
         assert!(decode(&encode(&small, &map)).is_err());
+    }
+
+    /// Version 1 (no usage table) still decodes: its layout is version 2's
+    /// with usage_count 0.
+    #[test]
+    fn version_1_still_decodes() {
+        let mut map = ExtentMap::new();
+        map.set(0, 4096, Some(Target::Data { seq: 1, offset: 0 }));
+        let info = CheckpointInfo {
+            seq: 1,
+            volume_uuid: [1; 16],
+            span: JournalSpan::default(),
+            volume_size_bytes: 1 << 20,
+        };
+        let mut b = encode(&info, &map);
+        b.truncate(HEADER_BYTES + RECORD_BYTES);
+        b[8..10].copy_from_slice(&1u16.to_le_bytes());
+        b[12..16].fill(0);
+        let body_crc = crc32c::crc32c(&b[HEADER_BYTES..]);
+        b[96..100].copy_from_slice(&body_crc.to_le_bytes());
+        let header_crc = crc32c::crc32c(&b[0..100]);
+        b[100..104].copy_from_slice(&header_crc.to_le_bytes());
+        let (_, map1, usage) = decode_with_usage(&b).unwrap();
+        assert_eq!(usage, None);
+        assert_eq!(map1.usage().live_bytes(1), 4096);
     }
 }

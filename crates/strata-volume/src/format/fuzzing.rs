@@ -93,11 +93,14 @@ pub fn decode_with_valid_checksums(data: &[u8]) {
         b"STRATSEG",
         &[(96, 104, HEADER_BYTES_FIELD), (100, 0, 100)],
     ));
-    decode_checkpoint(&stamped(
-        data,
-        b"STRATCKP",
-        &[(96, 104, usize::MAX), (100, 0, 100)],
-    ));
+    for version in [1, 2] {
+        decode_checkpoint(&stamped_version(
+            data,
+            b"STRATCKP",
+            version,
+            &[(96, 104, usize::MAX), (100, 0, 100)],
+        ));
+    }
     decode_journal(&stamped(data, b"STRATJNL", &[(64, 0, 64)]));
     for magic in [b"STRATMAN", b"STRATLSE"] {
         let mut b = stamped(data, magic, &[]);
@@ -119,12 +122,22 @@ const HEADER_BYTES_FIELD: usize = usize::MAX - 1;
 /// `(at, from, to)`, the CRC32C of bytes `[from, to)` stored at `at`
 /// (in order, so a later CRC covers an earlier one).
 fn stamped(data: &[u8], magic: &[u8; 8], crcs: &[(usize, usize, usize)]) -> Vec<u8> {
+    stamped_version(data, magic, 1, crcs)
+}
+
+/// `stamped` with another version number.
+fn stamped_version(
+    data: &[u8],
+    magic: &[u8; 8],
+    version: u16,
+    crcs: &[(usize, usize, usize)],
+) -> Vec<u8> {
     let mut b = data.to_vec();
     if b.len() < 10 {
         return b;
     }
     b[..8].copy_from_slice(magic);
-    b[8..10].copy_from_slice(&1u16.to_le_bytes());
+    b[8..10].copy_from_slice(&version.to_le_bytes());
     for &(at, from, to) in crcs {
         let to = match to {
             HEADER_BYTES_FIELD if b.len() >= 16 => le_u32(&b[12..16]) as usize,

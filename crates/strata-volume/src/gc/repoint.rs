@@ -67,3 +67,73 @@ pub(crate) fn repoint(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::segment::EntryKind;
+
+    /// Segment 3 holds A = [0, 8 KiB) and B = [8, 16 KiB); the copy of
+    /// both was read; then a user write lands on half of A (the same range)
+    /// and one right after B (a neighbour) before the repoint.
+    #[test]
+    fn a_user_write_between_read_and_repoint_wins_and_neighbours_move() {
+        let mut st = State::for_tests(9);
+        st.map
+            .set(0, 16384, Some(Target::Data { seq: 3, offset: 0 }));
+        let pieces = [LivePiece {
+            volume_offset: 0,
+            segment_offset: 0,
+            len: 16384,
+        }];
+        let copied: Vec<u8> = (0..16384u32).map(|i| (i / 4096) as u8 + 1).collect();
+        // The user writes, in the open segment (as the write path does).
+        for (offset, byte) in [(0u64, 0xaau8), (16384, 0xbb)] {
+            let at = st.open.push(
+                EntryKind::Write,
+                offset,
+                4096,
+                &[byte; 4096],
+                1,
+                offset + 1,
+                1,
+            );
+            st.map
+                .set(offset, 4096, Some(Target::Data { seq: 9, offset: at }));
+        }
+        let before = st.map.usage().live_bytes(3);
+        let out = repoint(&mut st, 3, &pieces, &copied);
+        assert_eq!(
+            out,
+            RepointOutcome {
+                copied_bytes: 12288,
+                superseded_bytes: 4096
+            }
+        );
+        assert_eq!(before, 12288);
+        assert_eq!(st.map.usage().live_bytes(3), 0);
+        assert_eq!(st.map.usage().live_bytes(9), 12288 + 8192);
+        // Every 4 KiB block reads what the map now says: the user's write
+        // where it landed, the copied bytes elsewhere.
+        let mut got = Vec::new();
+        st.map
+            .lookup(0, 20480, |p| got.push((p.start, p.len, p.target)));
+        for (start, len, target) in got {
+            let Some(Target::Data { seq: 9, offset }) = target else {
+                panic!("{start}: {target:?}");
+            };
+            let bytes = &st.open.data[offset as usize..(offset + len) as usize];
+            for (i, b) in bytes.iter().enumerate() {
+                let at = start + i as u64;
+                let want = match at {
+                    0..4096 => 0xaa,
+                    16384.. => 0xbb,
+                    _ => (at / 4096) as u8 + 1,
+                };
+                assert_eq!(*b, want, "byte {at}");
+            }
+        }
+        st.map.check_invariants();
+        assert_eq!(st.open.gc_copies, 1);
+    }
+}

@@ -18,6 +18,9 @@ impl Volume {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // A garbage collection pass in flight ends first (it stops at its
+        // next step): nothing is deleted once the lease may be released.
+        let _gc = self.gc_pass.lock().await;
         let target = {
             let mut st = self.state.lock();
             self.checkpoint_locked(&mut st);

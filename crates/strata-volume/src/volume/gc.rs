@@ -341,16 +341,19 @@ impl Volume {
             if !done.is_empty() {
                 crash_point("gc.between_deletions");
             }
+            // Out of `stored` before the delete is sent: a read that finds
+            // the object gone must see that GC took it, and look again.
+            let taken = self.unstore(batch);
             let deletes = batch.iter().map(|p| self.delete_object(p));
             let results = futures::future::join_all(deletes).await;
             let mut failed = false;
-            for (p, ok) in batch.iter().zip(results) {
+            for ((p, ok), bytes) in batch.iter().zip(results).zip(taken) {
                 failed |= !ok;
                 if !ok {
+                    if let Some(bytes) = bytes {
+                        self.state.lock().stored.insert(p.seq, bytes);
+                    }
                     continue;
-                }
-                if p.kind == ObjectKind::Segment {
-                    self.state.lock().stored.remove(&p.seq);
                 }
                 report.objects_deleted += 1;
                 report.bytes_reclaimed += p.bytes;
@@ -387,6 +390,18 @@ impl Volume {
                 Err(Stopped)
             }
         }
+    }
+
+    /// Takes the segments of `batch` out of `stored`; their object bytes.
+    fn unstore(&self, batch: &[PendingDeletion]) -> Vec<Option<u64>> {
+        let mut st = self.state.lock();
+        batch
+            .iter()
+            .map(|p| match p.kind {
+                ObjectKind::Segment => st.stored.remove(&p.seq),
+                ObjectKind::Checkpoint => None,
+            })
+            .collect()
     }
 
     /// Deletes one pending object; a missing one counts as deleted (a

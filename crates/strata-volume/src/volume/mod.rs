@@ -220,6 +220,35 @@ impl Volume {
         }
     }
 
+    /// Checks the space accounting against a recomputation from the extent
+    /// map (O(extents)): live bytes per segment as kept equal those
+    /// recomputed, and every segment the map points into is in memory or
+    /// stored (GC deleted none the map needs). For tests and checks.
+    pub fn verify_accounting(&self) -> Result<(), String> {
+        let st = self.state.lock();
+        let recomputed = st.map.recompute_usage();
+        if *st.map.usage() != recomputed {
+            return Err(format!(
+                "live bytes per segment kept {:?}, recomputed {:?}",
+                st.map.usage(),
+                recomputed
+            ));
+        }
+        for (seq, live) in recomputed.iter() {
+            let here =
+                seq == st.open.seq || st.sealed.contains_key(&seq) || st.stored.contains_key(&seq);
+            if !here {
+                return Err(format!("the map points at {live} bytes of segment {seq}, which is neither in memory nor stored"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sequence numbers of the segments the volume counts as stored.
+    pub fn stored_segments(&self) -> Vec<u64> {
+        self.state.lock().stored.keys().copied().collect()
+    }
+
     /// Waits until `pred` holds for the state (checked on every progress).
     pub(crate) async fn wait_until(&self, pred: impl Fn(&State) -> bool) {
         loop {

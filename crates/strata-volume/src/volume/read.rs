@@ -13,8 +13,10 @@ use crate::error::VolumeError;
 use crate::map::Target;
 use crate::read::{start_readahead, StoredPiece, MAX_WINDOW_PIECES};
 
-/// Reads of data moved by GC in the middle of a read (see `read`).
-const MAX_READ_ATTEMPTS: u32 = 3;
+/// Reads of data moved by GC in the middle of a read (see `read`); each
+/// retry follows a real deletion, so only a read slower than several GC
+/// passes in a row (each after a grace period) runs out of them.
+const MAX_READ_ATTEMPTS: u32 = 8;
 
 impl Volume {
     /// Reads `buf.len()` bytes at `offset`.

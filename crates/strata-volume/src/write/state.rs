@@ -99,6 +99,27 @@ impl State {
     }
 }
 
+#[cfg(test)]
+impl State {
+    /// An empty state with segment `open_seq` open (unit tests).
+    pub(crate) fn for_tests(open_seq: u64) -> State {
+        State {
+            map: ExtentMap::new(),
+            open: OpenSegment::new(open_seq, Vec::new(), [1; 16]),
+            sealed: BTreeMap::new(),
+            uploaded: BTreeSet::new(),
+            stored: BTreeMap::new(),
+            buffered_cost_bytes: 0,
+            durable_seq: open_seq - 1,
+            segments_since_checkpoint: 0,
+            last_sealed_span: JournalSpan::default(),
+            checkpoint_requested_seq: 0,
+            checkpoint_done_seq: 0,
+            failed: None,
+        }
+    }
+}
+
 /// Bytes of the store a volume uses, by what still needs them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SpaceUsage {

@@ -138,3 +138,26 @@ pub async fn assert_matches(vol: &Volume, model: &[u8], what: &str) {
         }
     }
 }
+
+/// Accounting equals a recomputation, and the segments the volume counts
+/// as stored are exactly those listed (call on a closed volume: nothing
+/// moves any more).
+pub async fn assert_accounting(vol: &Volume, store: &Store, what: &str) {
+    vol.verify_accounting()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let names = strata_store::ObjectNames::new(vol.name());
+    let listed: Vec<u64> = store
+        .list_all(&names.segments_prefix())
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| strata_store::ObjectNames::parse_seq(&m.location))
+        .collect::<std::collections::BTreeSet<u64>>()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        vol.stored_segments(),
+        listed,
+        "{what}: stored segments vs listing"
+    );
+}

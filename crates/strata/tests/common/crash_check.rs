@@ -257,13 +257,19 @@ pub enum KillAfter {
 /// buffer and journal so that during the run segments are sealed and
 /// uploaded and the journal ring wraps: recovery then has to combine store
 /// and journal, not just replay a journal from its start.
-pub const CRASH_SERVE_ARGS: [&str; 6] = [
+/// Garbage collection runs often and deletes soon (grace 0.5 s) so that
+/// crashes land in its passes too.
+pub const CRASH_SERVE_ARGS: [&str; 10] = [
     "--segment-size",
     "8MiB",
     "--write-buffer",
     "64MiB",
     "--journal-size",
     "128MiB",
+    "--gc-grace-ms",
+    "500",
+    "--gc-interval-ms",
+    "200",
 ];
 
 /// Kills the server with SIGKILL under load once per round (the writer and

@@ -776,7 +776,7 @@ impl Server {
         );
     }
 
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let child = self.child.as_mut()?;
         let t0 = Instant::now();
         loop {

@@ -1,0 +1,149 @@
+//! The control socket: how `strata volume gc` (and `info`) reach the
+//! server that holds a volume on this host.
+//!
+//! `strata serve` listens on `<data-dir>/control.sock` (mode 0600: only
+//! the user running the server may ask). Protocol: one JSON request line,
+//! one JSON reply line, then the connection closes.
+//!
+//! ```text
+//! {"op":"gc","volume":"vm1","wait":true}  -> {"ok":{...GcPassReport...}}
+//! {"op":"stats","volume":"vm1"}           -> {"ok":{...VolumeStats...}}
+//! any error                               -> {"error":"...","not_served":bool}
+//! ```
+//! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
+//! not have open is answered `not_served`, so the caller can say where it is.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use strata_volume::Engine;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+const MAX_REQUEST_BYTES: u64 = 4096;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Gc { volume: String, wait: bool },
+    Stats { volume: String },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    Ok(serde_json::Value),
+    Error { error: String, not_served: bool },
+}
+
+pub fn socket_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("control.sock")
+}
+
+/// Listens on the control socket until the task is dropped. A stale socket
+/// file (no server behind it) is replaced; a live one is an error.
+pub async fn listen(engine: Arc<Engine>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let dir = &engine.config().data_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = socket_path(dir);
+    if UnixStream::connect(&path).await.is_ok() {
+        anyhow::bail!(
+            "another strata server uses the data directory (its control socket {} answers); give this one another --data-dir",
+            path.display()
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .with_context(|| format!("cannot listen on the control socket {}", path.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("chmod {}", path.display()))?;
+    }
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok((conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                if let Err(e) = serve_one(&engine, conn).await {
+                    tracing::warn!(error = %e, "control request failed");
+                }
+            });
+        }
+    }))
+}
+
+async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {
+    let (read, mut write) = conn.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES));
+    reader.read_line(&mut line).await?;
+    let reply = match serde_json::from_str::<Request>(&line) {
+        Ok(req) => answer(engine, req).await,
+        Err(e) => Reply::Error {
+            error: format!("bad control request: {e}"),
+            not_served: false,
+        },
+    };
+    let mut out = serde_json::to_vec(&reply)?;
+    out.push(b'\n');
+    write.write_all(&out).await?;
+    Ok(())
+}
+
+async fn answer(engine: &Engine, req: Request) -> Reply {
+    let volume = match &req {
+        Request::Gc { volume, .. } | Request::Stats { volume } => volume.clone(),
+    };
+    let Some(vol) = engine.served(&volume) else {
+        return Reply::Error {
+            error: format!("this server does not have volume {volume:?} open"),
+            not_served: true,
+        };
+    };
+    let result = match req {
+        Request::Gc { wait, .. } => vol
+            .gc_now(wait)
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| Ok(serde_json::to_value(r)?)),
+        Request::Stats { .. } => serde_json::to_value(vol.stats()).map_err(anyhow::Error::from),
+    };
+    match result {
+        Ok(v) => Reply::Ok(v),
+        Err(e) => Reply::Error {
+            error: format!("{e:#}"),
+            not_served: false,
+        },
+    }
+}
+
+/// Sends `req` to the server on this data directory. `Ok(None)`: no server
+/// listens there.
+pub async fn ask(data_dir: &Path, req: &Request) -> anyhow::Result<Option<Reply>> {
+    let path = socket_path(data_dir);
+    let mut conn = match UnixStream::connect(&path).await {
+        Ok(c) => c,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot reach {}", path.display())),
+    };
+    let mut line = serde_json::to_vec(req)?;
+    line.push(b'\n');
+    conn.write_all(&line).await?;
+    let mut reply = String::new();
+    BufReader::new(conn).read_line(&mut reply).await?;
+    let reply = serde_json::from_str(&reply)
+        .with_context(|| format!("unreadable reply from the server on {}", path.display()))?;
+    Ok(Some(reply))
+}
