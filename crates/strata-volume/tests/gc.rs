@@ -180,6 +180,13 @@ async fn trim_of_the_whole_volume_frees_the_store() {
         let vol = engine.open_volume("v").await.unwrap();
         assert_matches(&vol, &vec![0u8; VOLUME_BYTES as usize], backend).await;
         engine.close_all().await.unwrap();
+        // Deleting the volume removes every object under its prefix.
+        engine.delete_volume("v").await.unwrap();
+        let left = store
+            .list_all(&ObjectNames::new("v").volume_prefix())
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "{backend}: left after delete: {left:?}");
     }
 }
 
