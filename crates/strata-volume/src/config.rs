@@ -78,11 +78,13 @@ impl Default for GcConfig {
             enabled: true,
             live_threshold_percent: 60,
             space_target_percent: 140,
-            // Two minutes: a read that looked a segment up before its data
-            // was moved has at most the store layer's 60 s request deadline
-            // to finish its GET; twice that leaves margin. (A read that
-            // loses anyway looks the map up again: volume/read.rs.)
-            grace_ms: 120_000,
+            // 30 s: the reads it protects are this process's own, between
+            // a map lookup and the GET it sends (a GET already under way
+            // completes, on S3 and on a local file alike); a read that
+            // loses anyway finds the object gone and looks the map up
+            // again (volume/read.rs). Longer only holds garbage longer
+            // (docs/design/gc.md has the figures).
+            grace_ms: 30_000,
             interval_ms: 2_000,
             rate_bytes_per_sec: 64 * MIB,
         }

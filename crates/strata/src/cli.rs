@@ -88,12 +88,12 @@ pub enum VolumeCommand {
     Gc {
         name: String,
         /// Wait until the objects the pass makes unreferenced are deleted
-        /// (after the grace period, --gc-grace-ms of the server; 2 min by
+        /// (after the grace period, --gc-grace-ms of the server; 30 s by
         /// default). Without it, they are deleted later in the background.
         #[arg(long)]
         wait: bool,
         /// Grace period when this command runs the pass itself.
-        #[arg(long, default_value_t = 120_000, value_name = "MS")]
+        #[arg(long, default_value_t = 30_000, value_name = "MS")]
         gc_grace_ms: u64,
         /// Print JSON.
         #[arg(long)]
@@ -112,9 +112,9 @@ pub struct GcArgs {
     pub gc: OnOff,
 
     /// An object nothing references is deleted this long after it became
-    /// so. It covers reads already in flight (the store's request deadline
-    /// is 60 s); shorter only saves space for that long.
-    #[arg(long, default_value_t = 120_000, value_name = "MS")]
+    /// so: a margin for reads that looked it up just before (they also
+    /// look again if they find it gone). Garbage made meanwhile stays.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
     pub gc_grace_ms: u64,
 
     /// Segments with less than this percentage of live data are rewritten.

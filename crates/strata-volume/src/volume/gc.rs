@@ -35,6 +35,8 @@ use crate::objects::{fetch_segment_header, store_error};
 const COPY_BATCH_BYTES: u64 = 4 << 20;
 /// Background passes between two orphan sweeps (a listing each).
 const SWEEP_EVERY_PASSES: u64 = 30;
+/// Compaction time of a background pass before its deletions run.
+const MAX_COMPACT_TIME: Duration = Duration::from_secs(2);
 /// Deletions in flight at once.
 const PARALLEL_DELETES: usize = 16;
 /// How long a copy waits for room in the write buffer before the pass
@@ -172,7 +174,14 @@ impl Volume {
             let st = self.state.lock();
             pick_victims(&st.stored, st.map.usage(), policy)
         };
+        let started = std::time::Instant::now();
         for v in victims {
+            // A background pass hands over to its checkpoint and deletions
+            // after a while (segments emptied meanwhile need only those);
+            // the next pass starts at once and picks up here.
+            if policy.max_copy_bytes != u64::MAX && started.elapsed() > MAX_COMPACT_TIME {
+                break;
+            }
             match self.compact_segment(v.seq, report).await {
                 Ok(()) => {}
                 Err(CompactError::Stopped) => return Err(Stopped),
@@ -230,11 +239,21 @@ impl Volume {
     /// Whether stored bytes exceed live bytes by more than the space target
     /// plus 100% (2.4x by default): then GC stops yielding to writers, or
     /// sustained writes would grow the store without bound.
+    /// Only segments with live data count: dead ones (pending deletion or
+    /// waiting for a checkpoint) go without copying anything, so copying
+    /// harder would not bring them back sooner.
     fn space_is_urgent(&self) -> bool {
-        let space = self.state.lock().space_usage();
-        let limit =
-            u128::from(space.live_bytes) * u128::from(self.config.gc.space_target_percent + 100);
-        u128::from(space.stored_bytes) * 100 > limit
+        let st = self.state.lock();
+        let usage = st.map.usage();
+        let (mut stored, mut live) = (0u128, 0u128);
+        for (&seq, &bytes) in &st.stored {
+            let l = usage.live_bytes(seq);
+            if l > 0 {
+                stored += u128::from(bytes);
+                live += u128::from(l);
+            }
+        }
+        stored * 100 > live * u128::from(self.config.gc.space_target_percent + 100)
     }
 
     /// Waits until a copy of `bytes` fits in half the write buffer and the
