@@ -86,6 +86,7 @@ pub enum VolumeCommand {
     /// runs the pass itself, holding the volume's lease meanwhile. Prints
     /// what it reclaimed. Servers also collect garbage in the background.
     Gc {
+        /// The volume.
         name: String,
         /// Wait until the objects the pass makes unreferenced are deleted
         /// (after the grace period, --gc-grace-ms of the server; 30 s by
