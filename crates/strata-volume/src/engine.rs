@@ -16,10 +16,11 @@ use crate::clock::now_ms;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::format::manifest::{GcPassRecord, Manifest};
+use crate::gc::GcPassReport;
 use crate::objects::{list_segments, read_checkpoint, read_manifest, store_error};
 use crate::ownership::{read_lease, take_ownership};
 use crate::read::{ReadPathStats, SharedCaches};
-use crate::volume::{GcPassReport, Volume, VolumeStats};
+use crate::volume::{Volume, VolumeStats};
 
 /// Largest volume accepted: 1 PiB.
 pub const MAX_VOLUME_BYTES: u64 = 1 << 50;

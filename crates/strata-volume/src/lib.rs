@@ -45,10 +45,10 @@ pub use crash_point::GC_CRASH_POINTS;
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::manifest::{GcPassRecord, Manifest};
-pub use gc::GcStats;
+pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
 pub use read::{
     CacheStats, DiskCacheStats, ReadAheadStats, ReadPathStats, SharedCaches, StoreReadStats,
 };
-pub use volume::{Allocation, GcPassReport, Volume, VolumeStats};
+pub use volume::{Allocation, Volume, VolumeStats};
 pub use write::state::SpaceUsage;

@@ -1,4 +1,5 @@
-//! Counters of garbage collection, per volume (exported in the stats file).
+//! Counters of garbage collection, per volume (exported in the stats
+//! file), and the report of one explicit pass.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,4 +53,19 @@ impl GcCounters {
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
+}
+
+/// What an explicit pass did.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct GcPassReport {
+    pub segments_rewritten: u64,
+    pub bytes_copied: u64,
+    pub bytes_superseded: u64,
+    pub objects_deleted: u64,
+    pub bytes_reclaimed: u64,
+    /// Still waiting for their grace period (without `wait`).
+    pub pending_deletions: u64,
+    pub pending_bytes: u64,
+    pub stored_bytes: u64,
+    pub live_bytes: u64,
 }

@@ -29,7 +29,7 @@ mod repoint;
 mod victims;
 
 pub(crate) use gc_stats::GcCounters;
-pub use gc_stats::GcStats;
+pub use gc_stats::{GcPassReport, GcStats};
 pub(crate) use live_pieces::{live_pieces, LivePiece};
 pub(crate) use orphans::{find_orphans, OrphanView};
 pub(crate) use pending_deletions::{

@@ -27,7 +27,7 @@ use crate::error::VolumeError;
 use crate::format::manifest::{GcPassRecord, Manifest, ObjectKind, PendingDeletion};
 use crate::gc::{
     deletion_candidates, due_deletions, find_orphans, live_pieces, pick_victims, read_live_data,
-    remove_deleted, repoint, GcCounters, LivePiece, OrphanView, VictimPolicy,
+    remove_deleted, repoint, GcCounters, GcPassReport, LivePiece, OrphanView, VictimPolicy,
 };
 use crate::objects::{fetch_segment_header, store_error};
 
@@ -44,21 +44,6 @@ const PARALLEL_DELETES: usize = 16;
 const MAX_ROOM_WAIT: Duration = Duration::from_secs(1);
 /// Live bytes a background pass copies at most (then it yields).
 const BACKGROUND_PASS_COPY_BYTES: u64 = 256 << 20;
-
-/// What an explicit pass did.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct GcPassReport {
-    pub segments_rewritten: u64,
-    pub bytes_copied: u64,
-    pub bytes_superseded: u64,
-    pub objects_deleted: u64,
-    pub bytes_reclaimed: u64,
-    /// Still waiting for their grace period (without `wait`).
-    pub pending_deletions: u64,
-    pub pending_bytes: u64,
-    pub stored_bytes: u64,
-    pub live_bytes: u64,
-}
 
 /// Why a pass stopped early (not an error: the volume is closing or was
 /// fenced, and whoever holds it next carries on).

@@ -75,8 +75,6 @@ pub struct VolumeStats {
     pub gc: GcStats,
 }
 
-pub use gc::GcPassReport;
-
 /// A checkpoint taken at a seal point, on its way to the store.
 pub(crate) struct CheckpointJob {
     pub seq: u64,
