@@ -23,6 +23,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 const MAX_REQUEST_BYTES: u64 = 4096;
+/// A connection that sends no request line within this is closed.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -55,8 +57,15 @@ pub async fn listen(engine: Arc<Engine>) -> anyhow::Result<tokio::task::JoinHand
         );
     }
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)
-        .with_context(|| format!("cannot listen on the control socket {}", path.display()))?;
+    // Serving does not depend on it: without the socket (a data dir path
+    // too long for a unix socket, say), `strata volume gc` says so.
+    let listener = match UnixListener::bind(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(socket = %path.display(), error = %e, "no control socket: `strata volume gc` and `info` cannot reach this server (the volumes are served all the same)");
+            return Ok(tokio::spawn(async {}));
+        }
+    };
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
@@ -81,7 +90,8 @@ async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {
     let (read, mut write) = conn.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES));
-    reader.read_line(&mut line).await?;
+    let request = tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line));
+    request.await.context("no control request within 10 s")??;
     let reply = match serde_json::from_str::<Request>(&line) {
         Ok(req) => answer(engine, req).await,
         Err(e) => Reply::Error {
@@ -128,15 +138,12 @@ pub async fn ask(data_dir: &Path, req: &Request) -> anyhow::Result<Option<Reply>
     let path = socket_path(data_dir);
     let mut conn = match UnixStream::connect(&path).await {
         Ok(c) => c,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Ok(None)
+        // No server there (or none this user may ask): the caller goes on
+        // with what the store says.
+        Err(e) => {
+            tracing::debug!(socket = %path.display(), error = %e, "no control socket");
+            return Ok(None);
         }
-        Err(e) => return Err(e).with_context(|| format!("cannot reach {}", path.display())),
     };
     let mut line = serde_json::to_vec(req)?;
     line.push(b'\n');

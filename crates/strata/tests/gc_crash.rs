@@ -140,3 +140,53 @@ fn a_gc_pass_killed_at_each_step_loses_nothing_and_resumes() {
         server.stop();
     }
 }
+
+/// What an operator sees: `volume info` shows the space lines; `volume gc`
+/// goes through the serving server and prints what it reclaimed; from
+/// another data dir (another host) it is refused naming the holder; a
+/// volume that does not exist is named.
+#[test]
+fn volume_gc_and_info_speak_to_the_operator() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut server = Server::start(tmp.path(), Target::strata_with(&ARGS), &[("vol", VOL)]);
+    let out = qemu_io(&server.vol_uri(), &writes());
+    assert!(out.status.success(), "{}", stderr_str(&out));
+    let info = stdout_str(&server.cli(&["volume", "info", "vol"]));
+    for line in ["live:", "garbage:", "pending:", "last GC:"] {
+        assert!(info.contains(line), "volume info lacks {line:?}:\n{info}");
+    }
+    let gc = server.cli(&["volume", "gc", "vol", "--wait"]);
+    let said = stdout_str(&gc);
+    assert!(
+        gc.status.success() && said.contains("reclaimed") && said.contains("rewrote"),
+        "{said}{}",
+        stderr_str(&gc)
+    );
+    let info = stdout_str(&server.cli(&["volume", "info", "vol"]));
+    assert!(
+        info.contains("last GC:") && !info.contains("none yet"),
+        "{info}"
+    );
+    let mut elsewhere = strata_command(None, &[]);
+    elsewhere
+        .arg("--store")
+        .arg(server.store_dir())
+        .arg("--data-dir")
+        .arg(tmp.path().join("other-host"))
+        .args(["volume", "gc", "vol"]);
+    let out = run_timeout(&mut elsewhere, Duration::from_secs(60));
+    let err = stderr_str(&out);
+    assert!(
+        !out.status.success() && err.contains("being served by"),
+        "{err}"
+    );
+    let out = server.cli(&["volume", "gc", "nosuch"]);
+    assert!(
+        !out.status.success() && stderr_str(&out).contains("does not exist"),
+        "{}",
+        stderr_str(&out)
+    );
+    server.stop();
+}
