@@ -50,6 +50,28 @@ pub(crate) fn live_pieces(map: &ExtentMap, seq: u64, entries: &[Entry]) -> Vec<L
     merged
 }
 
+/// `pieces` (read in data-area order, their bytes concatenated in
+/// `data`) and their bytes reordered by volume offset: copies appended in
+/// that order lay a volume's data out in address order again, so a later
+/// sequential read finds it contiguous.
+pub(crate) fn in_address_order(pieces: &[LivePiece], data: &[u8]) -> (Vec<LivePiece>, Vec<u8>) {
+    let mut at = Vec::with_capacity(pieces.len());
+    let mut offset = 0usize;
+    for p in pieces {
+        at.push(offset);
+        offset += p.len as usize;
+    }
+    let mut order: Vec<usize> = (0..pieces.len()).collect();
+    order.sort_by_key(|&i| pieces[i].volume_offset);
+    let mut sorted = Vec::with_capacity(pieces.len());
+    let mut bytes = Vec::with_capacity(data.len());
+    for i in order {
+        sorted.push(pieces[i]);
+        bytes.extend_from_slice(&data[at[i]..at[i] + pieces[i].len as usize]);
+    }
+    (sorted, bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +83,31 @@ mod tests {
             len,
             data_offset,
         }
+    }
+
+    #[test]
+    fn address_order_moves_each_piece_with_its_bytes() {
+        let pieces = [
+            LivePiece {
+                volume_offset: 8192,
+                segment_offset: 0,
+                len: 2,
+            },
+            LivePiece {
+                volume_offset: 0,
+                segment_offset: 100,
+                len: 3,
+            },
+            LivePiece {
+                volume_offset: 4096,
+                segment_offset: 200,
+                len: 1,
+            },
+        ];
+        let (sorted, bytes) = in_address_order(&pieces, b"aabbbc");
+        let starts: Vec<u64> = sorted.iter().map(|p| p.volume_offset).collect();
+        assert_eq!(starts, vec![0, 4096, 8192]);
+        assert_eq!(bytes, b"bbbcaa");
     }
 
     #[test]

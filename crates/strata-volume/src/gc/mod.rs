@@ -30,7 +30,7 @@ mod victims;
 
 pub(crate) use gc_stats::GcCounters;
 pub use gc_stats::{GcPassReport, GcStats};
-pub(crate) use live_pieces::{live_pieces, LivePiece};
+pub(crate) use live_pieces::{in_address_order, live_pieces, LivePiece};
 pub(crate) use orphans::{find_orphans, OrphanView};
 pub(crate) use pending_deletions::{
     add_pending, deletion_candidates, due_deletions, remove_deleted, Unreferenced,

@@ -26,8 +26,9 @@ use crate::crash_point::crash_point;
 use crate::error::VolumeError;
 use crate::format::manifest::{GcPassRecord, Manifest, ObjectKind, PendingDeletion};
 use crate::gc::{
-    deletion_candidates, due_deletions, find_orphans, live_pieces, pick_victims, read_live_data,
-    remove_deleted, repoint, GcCounters, GcPassReport, LivePiece, OrphanView, VictimPolicy,
+    deletion_candidates, due_deletions, find_orphans, in_address_order, live_pieces, pick_victims,
+    read_live_data, remove_deleted, repoint, GcCounters, GcPassReport, LivePiece, OrphanView,
+    VictimPolicy,
 };
 use crate::objects::{fetch_segment_header, store_error};
 
@@ -196,12 +197,15 @@ impl Volume {
             self.wait_for_copy_room(bytes, urgent).await?;
             let started = std::time::Instant::now();
             let data = read_live_data(&self.store, &self.names, seq, &idx, batch).await?;
+            // Read in segment order (fewer, larger GETs), appended in volume
+            // address order (old volumes become contiguous again).
+            let (batch, data) = in_address_order(batch, &data);
             let outcome = {
                 let mut st = self.state.lock();
                 if st.failed.is_some() || self.closed.load(Ordering::Acquire) {
                     return Err(CompactError::Stopped);
                 }
-                let outcome = repoint(&mut st, seq, batch, &data);
+                let outcome = repoint(&mut st, seq, &batch, &data);
                 if st.open.cost_bytes >= self.config.segment_bytes {
                     self.seal_locked(&mut st, false);
                 }
