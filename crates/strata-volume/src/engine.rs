@@ -177,7 +177,9 @@ impl Engine {
         self.volume_info_with(name, true).await
     }
 
-    async fn volume_info_with(
+    /// `volume_info`, reading live bytes from the checkpoint only when
+    /// `with_live` (lists, and callers that know them, skip that read).
+    pub async fn volume_info_with(
         &self,
         name: &str,
         with_live: bool,

@@ -187,7 +187,7 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
             }
         }
         VolumeCommand::Info { name, json } => {
-            let v = engine.volume_info(name).await?;
+            let v = volume_info(engine, name).await?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -213,7 +213,7 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                     "served by:   {}",
                     v.served_by.as_deref().unwrap_or("nobody")
                 );
-                print_space_info(engine, &v).await;
+                print_space_info(&v);
             }
         }
         VolumeCommand::Delete { name } => {
@@ -234,30 +234,38 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
     Ok(())
 }
 
-/// The space lines of `volume info`: live bytes from the local server
-/// when it serves the volume (exact), else from the volume's checkpoint.
-async fn print_space_info(engine: &Engine, v: &strata_volume::VolumeInfo) {
+/// `volume info`: live bytes from the server on this host that has the
+/// volume open (exact; the checkpoint is then not read), else from the
+/// volume's checkpoint.
+async fn volume_info(engine: &Engine, name: &str) -> anyhow::Result<strata_volume::VolumeInfo> {
     let req = control::Request::Stats {
-        volume: v.name.clone(),
+        volume: name.to_string(),
     };
     let served_here = match control::ask(&engine.config().data_dir, &req).await {
         Ok(Some(control::Reply::Ok(stats))) => stats["space"]["live_bytes"].as_u64(),
         _ => None,
     };
-    let (live, as_of) = match served_here {
-        Some(l) => (Some(l), "the serving server".to_string()),
-        None => (v.live_bytes, v.live_as_of.clone()),
-    };
-    match live {
-        Some(live) => {
-            let garbage = v.stored_bytes.saturating_sub(live);
+    let mut v = engine.volume_info_with(name, served_here.is_none()).await?;
+    if let Some(live) = served_here {
+        v.live_bytes = Some(live);
+        v.live_as_of = "the serving server".into();
+        v.garbage_bytes = Some(v.stored_bytes.saturating_sub(live));
+    }
+    Ok(v)
+}
+
+/// The space lines of `volume info`.
+fn print_space_info(v: &strata_volume::VolumeInfo) {
+    match (v.live_bytes, v.garbage_bytes) {
+        (Some(live), Some(garbage)) => {
             println!(
-                "live:        {} ({live} bytes, as of {as_of})",
-                format_size(live)
+                "live:        {} ({live} bytes, as of {})",
+                format_size(live),
+                v.live_as_of
             );
             println!("garbage:     {} ({garbage} bytes)", format_size(garbage));
         }
-        None => println!("live:        {as_of}"),
+        _ => println!("live:        {}", v.live_as_of),
     }
     println!(
         "pending:     {} objects ({}) to delete after the grace period",

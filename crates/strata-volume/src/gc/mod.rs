@@ -33,7 +33,7 @@ pub use gc_stats::{GcPassReport, GcStats};
 pub(crate) use live_pieces::{in_address_order, live_pieces, LivePiece};
 pub(crate) use orphans::{find_orphans, OrphanView};
 pub(crate) use pending_deletions::{
-    add_pending, deletion_candidates, due_deletions, remove_deleted, Unreferenced,
+    add_pending, deletion_candidates, due_deletions, pending_keys, remove_deleted, Unreferenced,
 };
 pub(crate) use piece_read::read_live_data;
 pub(crate) use repoint::repoint;

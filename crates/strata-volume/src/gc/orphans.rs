@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use object_store::ObjectMeta;
 use strata_store::ObjectNames;
 
+use super::pending_deletions::pending_keys;
 use crate::format::manifest::{ObjectKind, PendingDeletion};
 
 /// What the volume references, as of after the listing.
@@ -36,8 +37,8 @@ pub(crate) fn find_orphans(
 ) -> Vec<ObjectMeta> {
     let segments = names.segments_prefix();
     let checkpoints = names.checkpoints_prefix();
-    let pending =
-        |kind: ObjectKind, seq: u64| view.pending.iter().any(|p| p.kind == kind && p.seq == seq);
+    let pending_keys = pending_keys(view.pending);
+    let pending = |kind: ObjectKind, seq: u64| pending_keys.contains(&(kind, seq));
     listing
         .iter()
         .filter(|o| {

@@ -13,10 +13,17 @@
 //!    repeat after a crash), then removes them from the manifest. A crash in
 //!    between repeats the deletes; a new holder inherits the list.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::format::manifest::{Manifest, ObjectKind, PendingDeletion, MAX_PENDING_DELETIONS};
 use crate::map::SegmentUsage;
+
+/// The objects `pending` names, as a set (the list holds up to
+/// `MAX_PENDING_DELETIONS`: looked up per object, a scan would be
+/// quadratic).
+pub(crate) fn pending_keys(pending: &[PendingDeletion]) -> BTreeSet<(ObjectKind, u64)> {
+    pending.iter().map(|p| (p.kind, p.seq)).collect()
+}
 
 /// Segments a checkpoint leaves unreferenced: `(seq, object bytes)`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,14 +61,12 @@ pub(crate) fn add_pending(
         .segments
         .iter()
         .map(|&(seq, bytes)| (ObjectKind::Segment, seq, bytes));
+    let mut known = pending_keys(&m.pending_deletions);
     for (kind, seq, bytes) in checkpoint.into_iter().chain(segments) {
         if m.pending_deletions.len() >= MAX_PENDING_DELETIONS {
             break;
         }
-        if m.pending_deletions
-            .iter()
-            .any(|p| p.kind == kind && p.seq == seq)
-        {
+        if !known.insert((kind, seq)) {
             continue;
         }
         m.pending_deletions.push(PendingDeletion {
@@ -85,8 +90,9 @@ pub(crate) fn due_deletions(m: &Manifest, now_ms: u64, grace_ms: u64) -> Vec<Pen
 /// `m` without the deletions in `done`.
 pub(crate) fn remove_deleted(m: &Manifest, done: &[PendingDeletion]) -> Manifest {
     let mut next = m.clone();
+    let done = pending_keys(done);
     next.pending_deletions
-        .retain(|p| !done.iter().any(|d| d.kind == p.kind && d.seq == p.seq));
+        .retain(|p| !done.contains(&(p.kind, p.seq)));
     next
 }
 

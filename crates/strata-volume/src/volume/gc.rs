@@ -26,9 +26,9 @@ use crate::crash_point::crash_point;
 use crate::error::VolumeError;
 use crate::format::manifest::{GcPassRecord, Manifest, ObjectKind, PendingDeletion};
 use crate::gc::{
-    deletion_candidates, due_deletions, find_orphans, in_address_order, live_pieces, pick_victims,
-    read_live_data, remove_deleted, repoint, GcCounters, GcPassReport, LivePiece, OrphanView,
-    VictimPolicy,
+    deletion_candidates, due_deletions, find_orphans, in_address_order, live_pieces, pending_keys,
+    pick_victims, read_live_data, remove_deleted, repoint, GcCounters, GcPassReport, LivePiece,
+    OrphanView, VictimPolicy,
 };
 use crate::objects::{fetch_segment_header, store_error};
 
@@ -302,14 +302,14 @@ impl Volume {
             })
             .await;
         }
-        let manifest = self.manifest.current().await;
+        let pending = pending_keys(&self.manifest.current().await.pending_deletions);
         let seq = {
             let mut st = self.state.lock();
             let candidates = deletion_candidates(&st.stored, st.map.usage(), u64::MAX);
             let new_bytes: u64 = candidates
                 .segments
                 .iter()
-                .filter(|(seq, _)| !is_pending(&manifest, ObjectKind::Segment, *seq))
+                .filter(|(seq, _)| !pending.contains(&(ObjectKind::Segment, *seq)))
                 .map(|s| s.1)
                 .sum();
             let worth = new_bytes > 0 && (explicit || new_bytes >= self.config.segment_bytes);
@@ -534,12 +534,6 @@ impl Volume {
         }
         Ok(())
     }
-}
-
-fn is_pending(m: &Manifest, kind: ObjectKind, seq: u64) -> bool {
-    m.pending_deletions
-        .iter()
-        .any(|p| p.kind == kind && p.seq == seq)
 }
 
 /// Splits pieces into batches of about `COPY_BATCH_BYTES` (a piece longer
