@@ -3,7 +3,7 @@
 //!
 //! Depends only on `format/` (for layout minimums); every folder may use it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::format::journal::MIN_RING_BYTES;
 
@@ -215,9 +215,91 @@ impl VolumeConfig {
     }
 }
 
+const GIB: u64 = 1 << 30;
+/// `--disk-cache-size auto` for a remote store: this share of the free
+/// space of the data directory's file system ...
+const AUTO_DISK_CACHE_PERCENT: u64 = 10;
+/// ... at least this much ...
+const AUTO_DISK_CACHE_MIN_BYTES: u64 = GIB;
+/// ... and at most this much.
+const AUTO_DISK_CACHE_MAX_BYTES: u64 = 256 * GIB;
+
+/// The disk cache size `auto` means for a remote store, for the data
+/// directory `data_dir`: 10% of the free space of its file system (counting
+/// the space the cache file already takes), in whole GiB, between 1 GiB and
+/// 256 GiB. An existing cache keeps its size while it stays within twice
+/// that share, so a restart does not empty the cache because free space
+/// moved a little.
+pub fn auto_disk_cache_bytes(data_dir: &Path) -> u64 {
+    use crate::format::cache_file::CacheSuperblock;
+    let cache_file = data_dir.join("cache").join("blocks");
+    let existing = (|| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(&cache_file).ok()?;
+        let mut sb = [0u8; 64];
+        f.read_exact_at(&mut sb, 0).ok()?;
+        let sb = CacheSuperblock::decode(&sb).ok()?;
+        Some(sb.slot_count * u64::from(sb.block_bytes))
+    })();
+    let cache_allocated = std::fs::metadata(&cache_file)
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+        .unwrap_or(0);
+    let free = free_bytes(data_dir).unwrap_or(0) + cache_allocated;
+    let share = free / 100 * AUTO_DISK_CACHE_PERCENT;
+    if let Some(bytes) = existing {
+        if (AUTO_DISK_CACHE_MIN_BYTES..=AUTO_DISK_CACHE_MAX_BYTES).contains(&bytes)
+            && bytes <= 2 * share
+        {
+            return bytes;
+        }
+    }
+    (share / GIB * GIB).clamp(AUTO_DISK_CACHE_MIN_BYTES, AUTO_DISK_CACHE_MAX_BYTES)
+}
+
+/// Free bytes (for unprivileged users) of the file system holding `path`,
+/// or of its nearest existing ancestor.
+fn free_bytes(path: &Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` points to
+    // writable memory of the right type for the duration of the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled the struct.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_disk_cache_size_is_a_share_of_free_space_and_stable() {
+        #![allow(clippy::unwrap_used)]
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("not-yet-created");
+        let auto = auto_disk_cache_bytes(&data_dir);
+        assert!(
+            (GIB..=256 * GIB).contains(&auto) && auto % GIB == 0,
+            "{auto}"
+        );
+        let free = free_bytes(&data_dir).unwrap();
+        assert!(auto <= (free / 10).max(GIB), "{auto} of {free} free");
+        // An existing cache of another valid size keeps it.
+        let keep = auto.saturating_sub(GIB).max(GIB);
+        let sb = crate::format::cache_file::CacheSuperblock {
+            block_bytes: 65536,
+            slot_count: keep / 65536,
+            ways: 16,
+        };
+        std::fs::create_dir_all(data_dir.join("cache")).unwrap();
+        std::fs::write(data_dir.join("cache").join("blocks"), sb.encode()).unwrap();
+        assert_eq!(auto_disk_cache_bytes(&data_dir), keep);
+    }
 
     #[test]
     fn defaults_validate_and_bad_combinations_do_not() {

@@ -70,6 +70,9 @@ pub struct Engine {
     open: parking_lot::Mutex<HashMap<String, Arc<OnceCell<Arc<Volume>>>>>,
 }
 
+/// How long `close_all` waits for background cache work.
+const CLOSE_SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Engine {
     pub fn new(store: Store, config: VolumeConfig) -> Result<Engine, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
@@ -359,6 +362,13 @@ impl Engine {
         let cells: Vec<_> = self.open.lock().drain().map(|(_, c)| c).collect();
         let volumes: Vec<Arc<Volume>> = cells.iter().filter_map(|c| c.get().cloned()).collect();
         let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;
+        // The disk cache's queue (at most 64 MiB of page-cache writes) is
+        // written out, so a clean restart finds all of it; bounded, since a
+        // cache may always forget.
+        let settled = tokio::time::timeout(CLOSE_SETTLE_TIMEOUT, self.caches.settle()).await;
+        if settled.is_err() {
+            tracing::warn!("background reads and disk cache writes still running at close; the disk cache may miss their blocks after the restart");
+        }
         results.into_iter().collect()
     }
 }

@@ -40,7 +40,10 @@ mod recovery;
 mod volume;
 mod write;
 
-pub use config::{Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS, MIN_LEASE_TTL_MS};
+pub use config::{
+    auto_disk_cache_bytes, Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS,
+    MIN_LEASE_TTL_MS,
+};
 pub use crash_point::GC_CRASH_POINTS;
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};

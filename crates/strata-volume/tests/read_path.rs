@@ -303,7 +303,7 @@ fn assert_within_budgets(s: &ReadPathStats) {
         "{s:?}"
     );
     assert!(
-        s.disk_chunks.used_bytes <= s.disk_chunks.budget_bytes,
+        s.disk_cache.used_bytes <= s.disk_cache.budget_bytes,
         "{s:?}"
     );
     assert!(
@@ -601,7 +601,9 @@ fn disk_config(dir: &FsPath) -> VolumeConfig {
     c
 }
 
-/// Flips one byte in every slot of the cache file that holds data.
+/// Flips one byte in every 64 KiB block of the cache file's data area
+/// that holds data (the area starts after the 4 KiB superblock and the
+/// directory, 32 bytes per slot rounded up to 4 KiB).
 fn corrupt_disk_cache(path: &FsPath) -> u64 {
     use std::os::unix::fs::FileExt;
     let file = std::fs::OpenOptions::new()
@@ -610,13 +612,15 @@ fn corrupt_disk_cache(path: &FsPath) -> u64 {
         .open(path)
         .unwrap();
     let len = file.metadata().unwrap().len();
-    let mut slot = vec![0u8; 4096];
+    let slots = (len - 4096) / (64 * KIB);
+    let data_offset = 4096 + (slots * 32).div_ceil(4096) * 4096;
+    let mut block = vec![0u8; 64 * KIB as usize];
     let mut corrupted = 0;
-    for off in (0..len).step_by(4096) {
-        file.read_exact_at(&mut slot, off).unwrap();
-        if slot.iter().any(|&b| b != 0) {
-            slot[100] ^= 0xff;
-            file.write_all_at(&slot, off).unwrap();
+    for off in (data_offset..len).step_by(64 * KIB as usize) {
+        file.read_exact_at(&mut block, off).unwrap();
+        if block.iter().any(|&b| b != 0) {
+            block[100] ^= 0xff;
+            file.write_all_at(&block, off).unwrap();
             corrupted += 1;
         }
     }
@@ -633,15 +637,15 @@ async fn data_evicted_from_ram_comes_from_the_disk_tier_verified() {
     .await;
     let engine = Engine::new(store, disk_config(dir.path())).unwrap();
     let vol = engine.open_volume("v").await.unwrap();
-    // First fetch of each chunk: RAM only (second-fetch admission), so a
+    // First fetch of each block: RAM only (second-fetch admission), so a
     // scan that reads data once writes nothing to disk.
     let before = probe.counts();
     scan(&vol, 4 * MIB, MIB).await;
     engine.caches().settle().await;
     assert_eq!(probe.since(before).data_gets, 4);
     let s = engine.caches().stats();
-    assert_eq!(s.disk_chunks.insertions, 0, "{s:?}");
-    assert_eq!(s.disk_chunks.not_admitted, 1024, "{s:?}");
+    assert_eq!(s.disk_cache.fetched_insertions, 0, "{s:?}");
+    assert_eq!(s.disk_cache.not_admitted, 64, "{s:?}");
     assert!(s.ram_chunks.evictions >= 768, "RAM holds 1 MiB: {s:?}");
 
     // Second fetch (RAM lost it): now it goes to disk too.
@@ -650,8 +654,8 @@ async fn data_evicted_from_ram_comes_from_the_disk_tier_verified() {
     engine.caches().settle().await;
     assert_eq!(probe.since(before).data_gets, 4);
     let s = engine.caches().stats();
-    assert_eq!(s.disk_chunks.insertions, 1024, "{s:?}");
-    assert_eq!(s.disk_chunks.not_admitted, 1024, "{s:?}");
+    assert_eq!(s.disk_cache.fetched_insertions, 64, "{s:?}");
+    assert_eq!(s.disk_cache.not_admitted, 64, "{s:?}");
 
     // Again: what RAM lost comes from disk, without a GET.
     let before = probe.counts();
@@ -659,29 +663,29 @@ async fn data_evicted_from_ram_comes_from_the_disk_tier_verified() {
     let s = engine.caches().stats();
     assert_eq!(probe.since(before).data_gets, 0, "{s:?}");
     // RAM kept the last MiB read, which the scan evicts before reaching it.
-    assert_eq!(s.disk_chunks.hits, 1024, "{s:?}");
-    assert_eq!(s.disk_chunks.verify_failures, 0);
+    assert_eq!(s.disk_cache.hits, 1024, "{s:?}");
+    assert_eq!(s.disk_cache.verify_failures, 0);
     assert_within_budgets(&s);
 
     // Garbage in the cache file is caught and read from the store.
     engine.caches().settle().await;
-    let path = dir.path().join("cache/chunks");
+    let path = dir.path().join("cache/blocks");
     let corrupted = corrupt_disk_cache(&path);
-    assert_eq!(corrupted, 1024);
+    assert_eq!(corrupted, 64);
     let before = probe.counts();
     scan(&vol, 4 * MIB, MIB).await;
     engine.caches().settle().await;
     let s = engine.caches().stats();
-    assert_eq!(s.disk_chunks.verify_failures, 1024, "{s:?}");
+    assert_eq!(s.disk_cache.verify_failures, 64, "{s:?}");
     assert_eq!(probe.since(before).data_gets, 4, "{s:?}");
     assert_within_budgets(&s);
     // The entries were replaced with good ones.
-    let hits = s.disk_chunks.hits;
+    let hits = s.disk_cache.hits;
     let before = probe.counts();
     scan(&vol, 4 * MIB, MIB).await;
     let s = engine.caches().stats();
     assert_eq!(probe.since(before).data_gets, 0, "{s:?}");
-    assert_eq!(s.disk_chunks.hits, hits + 1024);
+    assert_eq!(s.disk_cache.hits, hits + 1024);
     engine.close_all().await.unwrap();
 }
 
@@ -702,10 +706,10 @@ async fn a_second_engine_on_the_data_dir_cannot_share_the_disk_cache() {
     let engine = Engine::new(store, no_readahead(other.path())).unwrap();
     let s = engine.caches().stats();
     assert_eq!(
-        (s.disk_chunks.budget_bytes, s.readahead.max_window_bytes),
+        (s.disk_cache.budget_bytes, s.readahead.max_window_bytes),
         (0, 0)
     );
-    assert_eq!(first.caches().stats().disk_chunks.budget_bytes, 16 * MIB);
+    assert_eq!(first.caches().stats().disk_cache.budget_bytes, 16 * MIB);
 }
 
 struct Rng(u64);
@@ -774,14 +778,14 @@ async fn concurrent_readers_through_every_tier_read_the_right_bytes() {
     let s = engine.caches().stats();
     assert_within_budgets(&s);
     assert!(
-        s.ram_chunks.evictions > 0 && s.disk_chunks.evictions > 0,
+        s.ram_chunks.evictions > 0 && s.disk_cache.evictions > 0,
         "{s:?}"
     );
     assert!(
-        s.disk_chunks.hits > 0 && s.readahead.windows_issued > 0,
+        s.disk_cache.hits > 0 && s.readahead.windows_issued > 0,
         "{s:?}"
     );
-    assert_eq!(s.disk_chunks.verify_failures, 0);
+    assert_eq!(s.disk_cache.verify_failures, 0);
     engine.close_all().await.unwrap();
 }
 
@@ -824,5 +828,46 @@ async fn a_get_delayed_across_a_gc_deletion_still_reads_the_right_data() {
     hold.add_permits(1);
     reader.await.unwrap();
     read_expect(&vol, 0, 4 * MIB).await;
+    engine.close_all().await.unwrap();
+}
+
+/// Data written with the disk cache on is read back from it after a
+/// restart, and memory stays within its budgets while the disk cache holds
+/// far more than RAM: the RAM chunk cache within its 1 MiB, the disk
+/// cache's index under 1 MiB per cached GiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn written_data_comes_back_from_disk_after_a_restart_within_memory_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, probe) = counting_store();
+    let mut c = no_readahead(dir.path());
+    c.cache_bytes = MIB;
+    c.disk_cache_bytes = 64 * MIB;
+    let engine = Engine::new(store.clone(), c.clone()).unwrap();
+    engine.create_volume("v", VOLUME_BYTES).await.unwrap();
+    let vol = engine.open_volume("v").await.unwrap();
+    fill(&vol, 0, 24 * MIB).await;
+    drop(vol);
+    engine.close_all().await.unwrap();
+    let s = engine.caches().stats();
+    assert_eq!(s.disk_cache.written_insertions, 384, "{s:?}");
+    drop(engine);
+
+    let engine = Engine::new(store, c).unwrap();
+    let vol = engine.open_volume("v").await.unwrap();
+    let before = probe.counts();
+    scan(&vol, 24 * MIB, 256 * KIB).await;
+    let s = engine.caches().stats();
+    assert_eq!(probe.since(before).data_gets, 0, "{s:?}");
+    assert_eq!(s.disk_cache.restored_blocks, 384, "{s:?}");
+    assert_eq!(s.disk_cache.hits, 6144, "{s:?}");
+    assert!(
+        s.disk_cache.used_bytes >= 24 * s.ram_chunks.budget_bytes,
+        "{s:?}"
+    );
+    assert!(
+        s.disk_cache.index_ram_bytes * 1024 <= s.disk_cache.budget_bytes,
+        "{s:?}"
+    );
+    assert_within_budgets(&s);
     engine.close_all().await.unwrap();
 }

@@ -242,10 +242,13 @@ pub struct Budgets {
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub cache_size: String,
 
-    /// Local-disk cache of data read back from the store, in
-    /// <data-dir>/cache (emptied at start), shared by all volumes; 0
-    /// disables it. `auto`: 1GiB for remote stores, 0 for the embedded
-    /// store (its data is on local disk already).
+    /// Local-disk cache of volume data, in <data-dir>/cache/blocks, shared
+    /// by all volumes and kept across restarts: data written on this host
+    /// stays readable from local disk after its upload, and data read twice
+    /// from the store is kept. 0 disables it. `auto`: for remote stores 10%
+    /// of the data dir's free space (1GiB to 256GiB; an existing cache
+    /// keeps its size), 0 for the embedded store (its data is on local
+    /// disk already).
     #[arg(long, default_value = "auto", value_name = "SIZE")]
     pub disk_cache_size: String,
 

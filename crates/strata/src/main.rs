@@ -111,7 +111,13 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
         let remote = !store.is_local();
-        config.disk_cache_bytes = auto_size("--disk-cache-size", &b.disk_cache_size, remote, GIB)?;
+        let auto_disk_cache = strata_volume::auto_disk_cache_bytes(&config.data_dir);
+        config.disk_cache_bytes = auto_size(
+            "--disk-cache-size",
+            &b.disk_cache_size,
+            remote,
+            auto_disk_cache,
+        )?;
         config.readahead_max_bytes = auto_size("--readahead", &b.readahead, remote, 8 * MIB)?;
         config.gc = gc_config(&args.gc)?;
     }
@@ -133,7 +139,6 @@ fn gc_config(a: &GcArgs) -> anyhow::Result<GcConfig> {
 }
 
 const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
 
 /// A size option that may be `auto`: `remote_default` for remote stores,
 /// 0 for the embedded one.

@@ -86,7 +86,7 @@ fn start_stats(engine: &Arc<Engine>, args: &ServeArgs) -> tokio::task::JoinHandl
 /// One line: store requests and errors, cache hit rates.
 fn summary(s: &EngineStats) -> String {
     let r = &s.store.layers;
-    let (ram, disk) = (&s.read_path.ram_chunks, &s.read_path.disk_chunks);
+    let (ram, disk) = (&s.read_path.ram_chunks, &s.read_path.disk_cache);
     let mut line = format!(
         "store requests {} errors {} retries {} gave_up {}; RAM cache hits {} misses {} ({} of {} bytes); disk cache hits {} misses {} ({} of {} bytes); read-ahead {} bytes",
         r.requests.total_requests(),

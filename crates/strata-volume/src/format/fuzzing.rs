@@ -4,6 +4,7 @@
 //! decode unchanged.
 
 use super::bytes::le_u32;
+use super::cache_file::{CacheEntry, CacheSuperblock};
 use super::checkpoint;
 use super::envelope;
 use super::journal::{RecordHeader, Superblock, RECORD_HEADER_BYTES};
@@ -17,6 +18,25 @@ pub fn decode_everything(data: &[u8]) {
     decode_checkpoint(data);
     decode_envelopes(data);
     decode_journal(data);
+    decode_cache_file(data);
+}
+
+/// The disk cache file's superblock and directory entries; what decodes
+/// re-encodes to the same bytes' meaning, and its geometry stays in bounds.
+pub fn decode_cache_file(data: &[u8]) {
+    if let Ok(sb) = CacheSuperblock::decode(data) {
+        assert_eq!(CacheSuperblock::decode(&sb.encode()).ok(), Some(sb));
+        assert!(sb.data_offset() <= sb.file_bytes());
+        let _ = sb.entry_offset(sb.slot_count - 1);
+    }
+    for raw in data.chunks(32) {
+        for block_bytes in [4096, 65536] {
+            if let Some(e) = CacheEntry::decode(raw, block_bytes) {
+                assert!(e.len >= 1 && e.len <= block_bytes);
+                assert_eq!(CacheEntry::decode(&e.encode(), block_bytes), Some(e));
+            }
+        }
+    }
 }
 
 /// A segment header, its tables, and chunk verification of what follows.
@@ -102,6 +122,7 @@ pub fn decode_with_valid_checksums(data: &[u8]) {
         ));
     }
     decode_journal(&stamped(data, b"STRATJNL", &[(64, 0, 64)]));
+    decode_cache_file(&stamped_cache_file(data));
     for magic in [b"STRATMAN", b"STRATLSE"] {
         let mut b = stamped(data, magic, &[]);
         if b.len() >= 20 {
@@ -112,6 +133,27 @@ pub fn decode_with_valid_checksums(data: &[u8]) {
         }
         decode_envelopes(&b);
     }
+}
+
+/// `data` made into a cache superblock (magic, version 1, CRC) followed by
+/// directory entries (each 32 bytes flagged valid, with its CRC).
+fn stamped_cache_file(data: &[u8]) -> Vec<u8> {
+    let mut b = data.to_vec();
+    if b.len() < 32 {
+        return b;
+    }
+    b[..8].copy_from_slice(b"STRATCCH");
+    b[8..12].copy_from_slice(&1u32.to_le_bytes());
+    for entry in b.chunks_mut(32) {
+        if entry.len() == 32 {
+            if entry[..8] != *b"STRATCCH" {
+                entry[24..28].copy_from_slice(&1u32.to_le_bytes());
+            }
+            let crc = crc32c::crc32c(&entry[..28]);
+            entry[28..32].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    b
 }
 
 /// A CRC range end meaning "the segment's `header_bytes` field" (the

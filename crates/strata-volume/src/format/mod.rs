@@ -9,6 +9,7 @@
 //! file documents its layout at the top.
 
 pub(crate) mod bytes;
+pub mod cache_file;
 pub mod checkpoint;
 pub mod envelope;
 #[doc(hidden)]

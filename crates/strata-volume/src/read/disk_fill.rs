@@ -1,25 +1,35 @@
-//! The disk tier on a read: looking chunks up in `disk_cache.rs`, reading
-//! them back, and verifying each against its segment's CRC before it is
-//! served or promoted to RAM (what is read back from disk is untrusted).
+//! The disk cache on a read: looking the blocks of missing chunks up in
+//! `block_cache.rs`, reading the chunks back (one `pread` per block), and
+//! verifying each against its segment's CRC before it is served or
+//! promoted to RAM (what is read back from disk is untrusted).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::disk_cache::{DiskCache, DiskHit, DiskKey};
+use super::block_cache::{BlockCache, BlockKey, DiskHit, CHUNKS_PER_BLOCK};
 use super::fetch_plan::SegmentChunks;
 use super::shared_caches::SharedCaches;
 use super::volume_reader::VolumeReader;
 use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
 
-/// Disk-tier reads of at most this many chunks are `pread` on the calling
-/// worker (microseconds from the page cache, like the embedded store's
-/// reads); more go to the blocking pool so a cold disk cannot stall a
-/// worker for long.
-const INLINE_DISK_READ_CHUNKS: usize = 4;
+/// Disk reads of at most this many bytes are `pread` on the calling worker
+/// (microseconds from the page cache, like the embedded store's reads);
+/// more go to the blocking pool so a cold disk cannot stall a worker long.
+const INLINE_DISK_READ_BYTES: u64 = 64 << 10;
+
+/// One `pread`: chunks `first..=last` of a block found in the cache, for
+/// the positions `positions` of the read's chunk list.
+struct BlockRead {
+    key: BlockKey,
+    hit: DiskHit,
+    first: u64,
+    last: u64,
+    positions: Vec<usize>,
+}
 
 impl VolumeReader {
-    /// Chunks of the disk tier, verified against the segment's CRCs; a
+    /// Chunks of the disk cache, verified against the segment's CRCs; a
     /// verified chunk is promoted to RAM.
     pub(crate) async fn fill_from_disk(
         &self,
@@ -31,67 +41,119 @@ impl VolumeReader {
         if !caches.disk.enabled() || chunks.data.iter().all(Option::is_some) {
             return;
         }
-        let mut hits: Vec<(usize, DiskKey, DiskHit, usize)> = Vec::new();
-        for pos in chunks.missing() {
-            let c = chunks.numbers[pos];
-            let found = DiskKey::new(self.disk_id, seq, c)
-                .and_then(|k| caches.disk.lookup(&k).map(|h| (k, h)));
-            match found {
-                Some((key, hit)) => hits.push((pos, key, hit, chunk_len(idx, c))),
-                None => caches.disk.count_miss(),
-            }
-        }
-        if hits.is_empty() {
+        let reads = self.plan_block_reads(&caches.disk, seq, chunks);
+        if reads.is_empty() {
             return;
         }
-        let reads = read_disk_slots(&caches.disk, &hits).await;
-        for ((pos, key, hit, _), read) in hits.into_iter().zip(reads) {
-            let c = chunks.numbers[pos];
-            let bytes = match read {
+        let data_bytes = idx.fixed.data_bytes;
+        let results = read_blocks(&caches.disk, &reads, data_bytes).await;
+        for (r, result) in reads.into_iter().zip(results) {
+            let bytes = match result {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::debug!(error = %e, "disk cache read failed");
                     caches.disk.count_io_error();
-                    caches.disk.count_miss();
+                    caches.disk.count_misses(r.positions.len() as u64);
                     continue;
                 }
             };
-            if !caches.disk.still_holds(&hit, &key) {
-                caches.disk.count_miss();
+            if !caches.disk.still_holds(&r.hit, &r.key) {
+                caches.disk.count_misses(r.positions.len() as u64);
                 continue;
             }
-            if let Err(detail) = idx.verify(c, &bytes) {
-                tracing::warn!(volume = %self.name, seq, chunk = c, %detail, path = %caches.disk.path().display(), "disk cache entry failed verification; reading it from the store");
-                caches.disk.drop_corrupt(&hit, &key);
+            if let Err(detail) = idx.verify(r.first, &bytes) {
+                tracing::warn!(volume = %self.name, seq, block = r.key.block, %detail, path = %caches.disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
+                caches.disk.drop_corrupt(&r.hit, &r.key);
+                caches.disk.count_misses(r.positions.len() as u64);
                 continue;
             }
-            caches.disk.count_hit();
+            caches.disk.count_hits(r.positions.len() as u64);
             let bytes = Bytes::from(bytes);
-            caches
-                .chunks
-                .insert((self.uuid, seq, c), bytes.clone(), CHUNK_BYTES);
-            chunks.data[pos] = Some(bytes);
+            for pos in r.positions {
+                let c = chunks.numbers[pos];
+                let at = ((c - r.first) * CHUNK_BYTES) as usize;
+                let end = (at + CHUNK_BYTES as usize).min(bytes.len());
+                // Its own allocation in RAM: a slice would pin the block.
+                let chunk = Bytes::copy_from_slice(&bytes[at..end]);
+                caches
+                    .chunks
+                    .insert((self.uuid, seq, c), chunk.clone(), CHUNK_BYTES);
+                chunks.data[pos] = Some(chunk);
+            }
         }
+    }
+
+    /// Groups the missing chunks by block and looks each block up once.
+    fn plan_block_reads(
+        &self,
+        disk: &BlockCache,
+        seq: u64,
+        chunks: &SegmentChunks,
+    ) -> Vec<BlockRead> {
+        let mut reads: Vec<BlockRead> = Vec::new();
+        let mut missed_block = None;
+        for pos in chunks.missing() {
+            let c = chunks.numbers[pos];
+            let block = c / CHUNKS_PER_BLOCK;
+            if let Some(r) = reads
+                .last_mut()
+                .filter(|r| r.first / CHUNKS_PER_BLOCK == block)
+            {
+                r.last = c;
+                r.positions.push(pos);
+                continue;
+            }
+            if missed_block == Some(block) {
+                disk.count_misses(1);
+                continue;
+            }
+            let found = BlockKey::of_chunk(self.volume_key, seq, c)
+                .and_then(|k| disk.lookup(&k).map(|h| (k, h)));
+            match found {
+                Some((key, hit)) => reads.push(BlockRead {
+                    key,
+                    hit,
+                    first: c,
+                    last: c,
+                    positions: vec![pos],
+                }),
+                None => {
+                    missed_block = Some(block);
+                    disk.count_misses(1);
+                }
+            }
+        }
+        reads
     }
 }
 
-/// Bytes of chunk `c` of a segment (the last one may be short).
-fn chunk_len(idx: &SegmentIndex, c: u64) -> usize {
-    (idx.fixed.data_bytes - c * CHUNK_BYTES).min(CHUNK_BYTES) as usize
-}
-
-/// Reads the slots of `hits` (see `INLINE_DISK_READ_CHUNKS`).
-async fn read_disk_slots(
-    disk: &Arc<DiskCache>,
-    hits: &[(usize, DiskKey, DiskHit, usize)],
+/// Reads each block's chunk span (see `INLINE_DISK_READ_BYTES`); a span
+/// ends at the segment's data end.
+async fn read_blocks(
+    disk: &Arc<BlockCache>,
+    reads: &[BlockRead],
+    data_bytes: u64,
 ) -> Vec<std::io::Result<Vec<u8>>> {
-    let jobs: Vec<(DiskHit, usize)> = hits.iter().map(|h| (h.2, h.3)).collect();
-    if jobs.len() <= INLINE_DISK_READ_CHUNKS {
-        return jobs.iter().map(|(hit, len)| disk.read(hit, *len)).collect();
+    let jobs: Vec<(DiskHit, u64, usize)> = reads
+        .iter()
+        .map(|r| {
+            let from = r.first * CHUNK_BYTES;
+            let to = ((r.last + 1) * CHUNK_BYTES).min(data_bytes).max(from);
+            let in_block = from - r.key.first_chunk() * CHUNK_BYTES;
+            (r.hit, in_block, (to - from) as usize)
+        })
+        .collect();
+    let read_one = |disk: &BlockCache, (hit, at, len): &(DiskHit, u64, usize)| {
+        let mut buf = vec![0u8; *len];
+        disk.read_at(hit, *at, &mut buf).map(|()| buf)
+    };
+    let total: u64 = jobs.iter().map(|j| j.2 as u64).sum();
+    if total <= INLINE_DISK_READ_BYTES {
+        return jobs.iter().map(|j| read_one(disk, j)).collect();
     }
     let n = jobs.len();
     let disk = disk.clone();
-    let read_all = move || jobs.iter().map(|(hit, len)| disk.read(hit, *len)).collect();
+    let read_all = move || jobs.iter().map(|j| read_one(&disk, j)).collect();
     match tokio::task::spawn_blocking(read_all).await {
         Ok(reads) => reads,
         Err(e) => (0..n)

@@ -15,14 +15,15 @@
 //!
 //! ```text
 //!  VolumeReader::read_pieces (volume_reader.rs)
-//!    -> RAM (ram_cache.rs) -> disk tier (disk_fill.rs, disk_cache.rs)
+//!    -> RAM (ram_cache.rs) -> disk cache (disk_fill.rs, block_cache.rs)
 //!    -> fetch in flight (inflight.rs) -> ranged GET (segment_fetch.rs,
 //!       coalesced by fetch_plan.rs) -> verified -> RAM, disk (disk_writer.rs)
+//!  written data: segment uploaded -> disk (SharedCaches::insert_written)
 //!  read-ahead: readahead.rs (streams, windows) + prefetch.rs (fetching)
 //! ```
 
 mod background;
-mod disk_cache;
+mod block_cache;
 mod disk_fill;
 mod disk_writer;
 mod fetch_plan;
@@ -34,7 +35,7 @@ mod segment_fetch;
 mod shared_caches;
 mod volume_reader;
 
-pub use disk_cache::DiskCacheStats;
+pub use block_cache::DiskCacheStats;
 pub(crate) use fetch_plan::StoredPiece;
 pub(crate) use prefetch::{start_readahead, MAX_WINDOW_PIECES};
 pub use ram_cache::CacheStats;

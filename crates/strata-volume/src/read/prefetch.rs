@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
-use super::disk_cache::DiskKey;
+use super::block_cache::BlockKey;
 use super::fetch_plan::{ChunkKey, RunBytes};
 use super::inflight::Claim;
 use super::shared_caches::SharedCaches;
@@ -82,7 +82,8 @@ fn claim_window(
         numbers.dedup();
         let cached = |c: u64| {
             caches.chunks.contains(&(reader.uuid, seq, c))
-                || DiskKey::new(reader.disk_id, seq, c).is_some_and(|k| caches.disk.contains(&k))
+                || BlockKey::of_chunk(reader.volume_key, seq, c)
+                    .is_some_and(|k| caches.disk.contains(&k))
         };
         let missing: Vec<usize> = (0..numbers.len())
             .filter(|&i| !cached(numbers[i]))

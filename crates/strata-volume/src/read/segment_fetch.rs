@@ -10,15 +10,16 @@ use bytes::Bytes;
 
 use super::fetch_plan::{ChunkKey, RunBytes};
 use super::inflight::Claim;
-use super::shared_caches::SharedCaches;
+use super::shared_caches::{block_aligned, index_cost_bytes, SharedCaches};
 use super::volume_reader::VolumeReader;
 use crate::error::VolumeError;
 use crate::format::segment::SegmentIndex;
 use crate::objects::{fetch_segment_header, store_error};
 
 impl VolumeReader {
-    /// One ranged GET for chunks `run`: verified, cached in RAM, handed to
-    /// the claim's waiters, then written to the disk tier.
+    /// One ranged GET for chunks `run` (widened to whole disk-cache blocks
+    /// when that tier is on): verified, the chunks of `run` cached in RAM,
+    /// handed to the claim's waiters, then the blocks written to disk.
     pub(crate) async fn fetch_run(
         &self,
         caches: &SharedCaches,
@@ -28,22 +29,28 @@ impl VolumeReader {
         claim: Claim<ChunkKey, RunBytes>,
         readahead: bool,
     ) -> Result<RunBytes, VolumeError> {
-        if run.is_empty() || run.end > u64::from(idx.fixed.chunk_count) {
+        let chunk_count = u64::from(idx.fixed.chunk_count);
+        if run.is_empty() || run.end > chunk_count {
             let detail = format!("chunks {run:?} outside the segment");
             return Err(self.corrupt(seq, detail));
         }
-        let range = idx.chunk_range(run.start, run.end - 1);
+        let get = if caches.disk_enabled() {
+            block_aligned(&run, chunk_count)
+        } else {
+            run.clone()
+        };
+        let range = idx.chunk_range(get.start, get.end - 1);
         let bytes = self.get_range(caches, seq, range, readahead).await?;
-        idx.verify(run.start, &bytes)
+        idx.verify(get.start, &bytes)
             .map_err(|d| self.corrupt(seq, d))?;
         let fetched = RunBytes {
-            first_chunk: run.start,
+            first_chunk: get.start,
             bytes,
         };
-        let copies = caches.insert_ram(self.uuid, seq, &fetched);
+        caches.insert_ram(self.uuid, seq, &fetched, &run);
         claim.complete(fetched.clone());
         drop(claim);
-        caches.insert_disk(self.disk_id, seq, copies).await;
+        caches.insert_fetched(self.volume_key, seq, &fetched, chunk_count);
         Ok(fetched)
     }
 
@@ -112,8 +119,9 @@ impl VolumeReader {
                     }
                 })?;
         let idx = Arc::new(idx);
-        let cost_bytes = 4 * idx.chunk_crcs.len() as u64 + 256;
-        caches.indexes.insert(key, idx.clone(), cost_bytes);
+        caches
+            .indexes
+            .insert(key, idx.clone(), index_cost_bytes(&idx));
         if let Some(claim) = claim {
             claim.complete(idx.clone());
         }

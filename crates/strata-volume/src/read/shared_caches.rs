@@ -4,6 +4,7 @@
 //! and the read path's counters.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -13,8 +14,8 @@ use serde::Serialize;
 use strata_store::{ObjectNames, Store};
 
 use super::background::Background;
-use super::disk_cache::{DiskCache, DiskCacheStats, DiskKey};
-use super::disk_writer::DiskWriter;
+use super::block_cache::{BlockCache, BlockKey, DiskCacheStats, BLOCK_BYTES, CHUNKS_PER_BLOCK};
+use super::disk_writer::{Blocks, DiskWriter, OnDone};
 use super::fetch_plan::{
     coalesce, ChunkKey, FetchPlan, IndexKey, RunBytes, MAX_GAP_BYTES, MAX_GET_BYTES,
 };
@@ -24,6 +25,7 @@ use super::readahead::{ReadAhead, ReadAheadStats, Streams};
 use super::volume_reader::VolumeReader;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
+use crate::format::cache_file::volume_key;
 use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
 
 /// Counters of the store traffic of the read path.
@@ -52,8 +54,8 @@ pub struct StoreReadStats {
 pub struct ReadPathStats {
     /// Verified 4 KiB chunks in RAM.
     pub ram_chunks: CacheStats,
-    /// The local-disk tier.
-    pub disk_chunks: DiskCacheStats,
+    /// The local disk cache (64 KiB blocks).
+    pub disk_cache: DiskCacheStats,
     /// Decoded segment headers (the chunk CRC tables).
     pub segment_indexes: CacheStats,
     pub readahead: ReadAheadStats,
@@ -74,7 +76,7 @@ pub(crate) struct StoreCounters {
 pub struct SharedCaches {
     pub(crate) chunks: ClockCache<ChunkKey, Bytes>,
     pub(crate) indexes: ClockCache<IndexKey, Arc<SegmentIndex>>,
-    pub(crate) disk: Arc<DiskCache>,
+    pub(crate) disk: Arc<BlockCache>,
     pub(crate) chunk_flights: Arc<Flights<ChunkKey, RunBytes>>,
     pub(crate) index_flights: Arc<Flights<IndexKey, Arc<SegmentIndex>>>,
     disk_writer: DiskWriter,
@@ -91,7 +93,7 @@ impl SharedCaches {
     /// least 4 MiB: a 16 MiB segment's index is 16 KiB); the disk tier
     /// (`disk_cache_bytes`, 0 = off) in `<data_dir>/cache/`.
     pub fn new(config: &VolumeConfig) -> Result<Self, VolumeError> {
-        let disk = Arc::new(DiskCache::open(
+        let disk = Arc::new(BlockCache::open(
             &config.cache_dir(),
             config.disk_cache_bytes,
         )?);
@@ -119,7 +121,7 @@ impl SharedCaches {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ReadPathStats {
             ram_chunks: self.chunks.stats(),
-            disk_chunks: self.disk.stats(),
+            disk_cache: self.disk.stats(),
             segment_indexes: self.indexes.stats(),
             readahead: self.readahead.stats(),
             store: StoreReadStats {
@@ -159,14 +161,13 @@ impl SharedCaches {
         store: &Store,
     ) -> Arc<VolumeReader> {
         let mut readers = self.readers.lock();
-        let next_id = readers.len() as u32;
         readers
             .entry(uuid)
             .or_insert_with(|| {
                 Arc::new(VolumeReader {
                     name: name.to_string(),
                     uuid,
-                    disk_id: next_id,
+                    volume_key: volume_key(&uuid),
                     size_bytes,
                     store: store.clone(),
                     names: ObjectNames::new(name),
@@ -213,38 +214,110 @@ impl SharedCaches {
         FetchPlan { runs, waits }
     }
 
-    /// Caches a verified run in RAM, one copy per chunk (a slice would pin
-    /// the whole GET's buffer and make the budget lie); returns the copies
-    /// for the disk tier.
-    pub(crate) fn insert_ram(&self, uuid: [u8; 16], seq: u64, run: &RunBytes) -> Vec<(u64, Bytes)> {
-        run.bytes
-            .chunks(CHUNK_BYTES as usize)
-            .enumerate()
-            .map(|(i, chunk)| {
-                let c = run.first_chunk + i as u64;
-                let copy = Bytes::copy_from_slice(chunk);
-                self.chunks
-                    .insert((uuid, seq, c), copy.clone(), CHUNK_BYTES);
-                (c, copy)
-            })
-            .collect()
+    /// Caches the chunks `want` of a verified run in RAM, one copy per
+    /// chunk (a slice would pin the whole GET's buffer and make the budget
+    /// lie). The rest of the run (the block around a small read) only goes
+    /// to disk: RAM keeps what was asked for.
+    pub(crate) fn insert_ram(&self, uuid: [u8; 16], seq: u64, run: &RunBytes, want: &Range<u64>) {
+        let from = want.start.max(run.first_chunk);
+        for c in from..want.end {
+            let Some(chunk) = run.chunk(c) else { break };
+            let copy = Bytes::copy_from_slice(&chunk);
+            self.chunks.insert((uuid, seq, c), copy, CHUNK_BYTES);
+        }
     }
 
-    /// Hands verified chunks to the disk tier's writer (`disk_writer.rs`).
-    /// Never waits: measured here, a fetch that waited for the disk tier
-    /// made a cold sequential read from MinIO 2.8x slower (131 vs 370 MB/s).
-    pub(crate) async fn insert_disk(&self, disk_id: u32, seq: u64, chunks: Vec<(u64, Bytes)>) {
+    /// Hands the whole blocks of a verified run to the disk cache's writer
+    /// (`disk_writer.rs`), each on its second fetch (`admit`). Slices of
+    /// the GET's buffer, held only while queued. Never waits: measured
+    /// here, a fetch that waited for the disk tier made a cold sequential
+    /// read from MinIO 2.8x slower (131 vs 370 MB/s).
+    pub(crate) fn insert_fetched(
+        &self,
+        volume_key: u64,
+        seq: u64,
+        run: &RunBytes,
+        chunk_count: u64,
+    ) {
         if !self.disk.enabled() {
             return;
         }
-        let chunks: Vec<(u64, Bytes)> = chunks
-            .into_iter()
-            .filter(|(c, _)| DiskKey::new(disk_id, seq, *c).is_some_and(|k| self.disk.admit(&k)))
-            .collect();
-        if chunks.is_empty() {
+        let end_chunk = run.first_chunk + (run.bytes.len() as u64).div_ceil(CHUNK_BYTES);
+        let first_block = run.first_chunk.div_ceil(CHUNKS_PER_BLOCK);
+        for block in first_block.. {
+            let first = block * CHUNKS_PER_BLOCK;
+            let last = (first + CHUNKS_PER_BLOCK).min(chunk_count);
+            if last > end_chunk || first >= last {
+                break;
+            }
+            let Ok(block32) = u32::try_from(block) else {
+                break;
+            };
+            let key = BlockKey {
+                volume_key,
+                seq,
+                block: block32,
+            };
+            if !self.disk.admit(&key) {
+                continue;
+            }
+            let at = ((first - run.first_chunk) * CHUNK_BYTES) as usize;
+            let end = (((last - run.first_chunk) * CHUNK_BYTES) as usize).min(run.bytes.len());
+            let blocks = Blocks {
+                volume_key,
+                seq,
+                first_block: block32,
+                bytes: run.bytes.slice(at..end),
+                written: false,
+            };
+            self.disk_writer
+                .submit(blocks, None, self.background.start());
+        }
+    }
+
+    /// Hands the data area of a segment written on this host, now in the
+    /// store, to the disk cache's writer; `on_done` runs once the writer
+    /// lets go of it (at once when the tier is off or the queue full).
+    pub(crate) fn insert_written(&self, uuid: &[u8; 16], seq: u64, data: Bytes, on_done: OnDone) {
+        if data.is_empty() || !self.disk.enabled() {
+            on_done();
             return;
         }
+        let blocks = Blocks {
+            volume_key: volume_key(uuid),
+            seq,
+            first_block: 0,
+            bytes: data,
+            written: true,
+        };
         self.disk_writer
-            .submit(disk_id, seq, chunks, self.background.start());
+            .submit(blocks, Some(on_done), self.background.start());
+    }
+
+    /// Caches the index of a segment this server uploaded.
+    pub(crate) fn insert_index(&self, uuid: [u8; 16], seq: u64, idx: Arc<SegmentIndex>) {
+        self.indexes
+            .insert((uuid, seq), idx.clone(), index_cost_bytes(&idx));
+    }
+
+    /// Whether the disk cache is on (and working).
+    pub(crate) fn disk_enabled(&self) -> bool {
+        self.disk.enabled()
     }
 }
+
+/// What a segment index costs in the index cache.
+pub(crate) fn index_cost_bytes(idx: &SegmentIndex) -> u64 {
+    4 * idx.chunk_crcs.len() as u64 + 256
+}
+
+/// Widens a run of chunks to the disk cache's blocks (so a small read miss
+/// fetches, and caches, the whole 64 KiB block around it) when the disk
+/// cache is on; within the segment's `chunk_count`.
+pub(crate) fn block_aligned(run: &Range<u64>, chunk_count: u64) -> Range<u64> {
+    let start = run.start / CHUNKS_PER_BLOCK * CHUNKS_PER_BLOCK;
+    let end = run.end.div_ceil(CHUNKS_PER_BLOCK) * CHUNKS_PER_BLOCK;
+    start..end.min(chunk_count).max(run.end)
+}
+
+const _: () = assert!(BLOCK_BYTES == CHUNKS_PER_BLOCK * CHUNK_BYTES);

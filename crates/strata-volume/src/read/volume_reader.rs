@@ -35,8 +35,8 @@ const MAX_PARALLEL_GETS: usize = 8;
 pub(crate) struct VolumeReader {
     pub name: String,
     pub uuid: [u8; 16],
-    /// The volume's small id in disk-tier keys.
-    pub disk_id: u32,
+    /// The volume's key in the disk cache (from its uuid).
+    pub volume_key: u64,
     pub size_bytes: u64,
     pub(crate) store: Store,
     pub(crate) names: ObjectNames,

@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use super::{CheckpointJob, Volume};
 use crate::crash_point::crash_point;
+use crate::format::segment::{FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
 use crate::write::open_segment::SealedSegment;
 use crate::write::segment_put::put_segment;
 
@@ -50,14 +51,38 @@ impl Volume {
         self.bytes_uploaded
             .fetch_add(object_bytes, Ordering::Relaxed);
         let seq = sealed.seq;
+        self.cache_uploaded(&sealed, &header);
         self.mark_uploaded(seq, object_bytes);
-        // Last holder of the buffer (the common case): recycle it.
+        // Last holder of the buffer (the common case, unless the disk
+        // cache's writer still has it): recycle it.
         if let Some(buffer) = Arc::into_inner(sealed).and_then(|s| Arc::into_inner(s.data)) {
             self.recycle_buffer(buffer);
         }
         if let Some(ckpt) = ckpt {
             self.store_checkpoint(ckpt).await;
         }
+    }
+
+    /// Keeps a segment now in the store readable from local disk: its index
+    /// goes to the RAM index cache (no header GETs to read it back) and its
+    /// data to the disk cache (written after the upload, never before: a
+    /// segment lost to a crash before its upload may be written again
+    /// under its sequence number with other data). The writer recycles the
+    /// buffer if it lets go of it last.
+    fn cache_uploaded(self: &Arc<Self>, sealed: &Arc<SealedSegment>, header: &[u8]) {
+        if let Some(idx) = decode_index(header, self.size_bytes) {
+            self.caches
+                .insert_index(self.uuid, sealed.seq, Arc::new(idx));
+        }
+        let data = sealed.data.clone();
+        let volume = Arc::downgrade(self);
+        let on_done = Box::new(move || {
+            if let (Some(buffer), Some(volume)) = (Arc::into_inner(data), volume.upgrade()) {
+                volume.recycle_buffer(buffer);
+            }
+        });
+        self.caches
+            .insert_written(&self.uuid, sealed.seq, sealed.data_bytes(), on_done);
     }
 
     /// Records an upload; advances `durable_seq` over contiguous uploads,
@@ -70,4 +95,14 @@ impl Volume {
         self.space.notify_waiters();
         self.progress.notify_waiters();
     }
+}
+
+/// The index of a segment header this server just encoded (decoded as a
+/// reader would, so what the cache holds is what a GET would give).
+fn decode_index(header: &[u8], volume_size_bytes: u64) -> Option<SegmentIndex> {
+    let fixed = FixedHeader::decode(header).ok()?;
+    let tables = header.get(FIXED_HEADER_BYTES..fixed.header_bytes as usize)?;
+    SegmentIndex::decode_tables(fixed, tables, volume_size_bytes)
+        .ok()
+        .map(|(idx, _)| idx)
 }
