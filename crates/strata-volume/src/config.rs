@@ -284,7 +284,7 @@ mod tests {
         let data_dir = dir.path().join("not-yet-created");
         let auto = auto_disk_cache_bytes(&data_dir);
         assert!(
-            (GIB..=256 * GIB).contains(&auto) && auto % GIB == 0,
+            (GIB..=256 * GIB).contains(&auto) && auto.is_multiple_of(GIB),
             "{auto}"
         );
         let free = free_bytes(&data_dir).unwrap();
