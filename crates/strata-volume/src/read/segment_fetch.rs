@@ -54,7 +54,7 @@ impl VolumeReader {
         Ok(fetched)
     }
 
-    async fn get_range(
+    pub(crate) async fn get_range(
         &self,
         caches: &SharedCaches,
         seq: u64,

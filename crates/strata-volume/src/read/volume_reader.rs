@@ -29,6 +29,8 @@ use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
 const MAX_PARALLEL_SEGMENTS: usize = 8;
 /// GETs of one segment (of one read) in flight at once.
 const MAX_PARALLEL_GETS: usize = 8;
+/// Largest `pread` of the embedded store's direct read (8 MiB).
+const MAX_LOCAL_RUN_CHUNKS: u64 = 2048;
 /// Read state of one volume: what fetching its segments needs (so
 /// read-ahead tasks can run without the `Volume`), its stream table for
 /// read-ahead, and its GET counters.
@@ -60,6 +62,9 @@ impl VolumeReader {
         caches: &SharedCaches,
         pieces: Vec<StoredPiece<'_>>,
     ) -> Result<(), VolumeError> {
+        if self.store.is_local() && !caches.disk_enabled() {
+            return self.read_local(caches, pieces).await;
+        }
         // Most reads touch one segment: no grouping, no fan-out machinery.
         if let Some(seq) = pieces.first().map(|p| p.seq) {
             if pieces.iter().all(|p| p.seq == seq) {
@@ -117,6 +122,71 @@ impl VolumeReader {
         chunks
             .copy_out(&mut pieces)
             .map_err(|d| self.corrupt(seq, d))
+    }
+
+    /// The embedded store's read: its segments are local files in the page
+    /// cache already, so no RAM cache (a second copy of the same bytes), no
+    /// fetch bookkeeping: the pieces of each segment, sorted, are read in
+    /// runs of touching chunks (one `pread` each, on this thread), verified,
+    /// and copied once into the client's buffer.
+    async fn read_local(
+        &self,
+        caches: &SharedCaches,
+        mut pieces: Vec<StoredPiece<'_>>,
+    ) -> Result<(), VolumeError> {
+        pieces.sort_unstable_by_key(|p| (p.seq, p.offset));
+        let mut rest = &mut pieces[..];
+        while let Some(seq) = rest.first().map(|p| p.seq) {
+            let n = rest.partition_point(|p| p.seq == seq);
+            let (same, next) = rest.split_at_mut(n);
+            let idx = self.segment_index(caches, seq).await?;
+            self.read_local_segment(caches, &idx, seq, same).await?;
+            rest = next;
+        }
+        Ok(())
+    }
+
+    /// Reads `pieces` (of segment `seq`, sorted by offset) in runs.
+    async fn read_local_segment(
+        &self,
+        caches: &SharedCaches,
+        idx: &SegmentIndex,
+        seq: u64,
+        pieces: &mut [StoredPiece<'_>],
+    ) -> Result<(), VolumeError> {
+        let mut k = 0;
+        while k < pieces.len() {
+            let first = pieces[k].offset / CHUNK_BYTES;
+            let mut last = first;
+            let mut m = k;
+            while m < pieces.len() {
+                let p = &pieces[m];
+                let end = p.offset + p.dst.len() as u64;
+                if p.dst.is_empty() || end > idx.fixed.data_bytes {
+                    let detail = format!("map points past the data end ({}+{})", p.offset, p.dst.len());
+                    return Err(self.corrupt(seq, detail));
+                }
+                let (pf, pl) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
+                if m > k && (pf > last + 1 || pl + 1 - first > MAX_LOCAL_RUN_CHUNKS) {
+                    break;
+                }
+                last = last.max(pl);
+                m += 1;
+            }
+            let range = idx.chunk_range(first, last);
+            let bytes = self.get_range(caches, seq, range, false).await?;
+            idx.verify(first, &bytes)
+                .map_err(|d| self.corrupt(seq, d))?;
+            for p in &mut pieces[k..m] {
+                let at = (p.offset - first * CHUNK_BYTES) as usize;
+                let src = bytes
+                    .get(at..at + p.dst.len())
+                    .ok_or_else(|| self.corrupt(seq, "short segment read".into()))?;
+                p.dst.copy_from_slice(src);
+            }
+            k = m;
+        }
+        Ok(())
     }
 
     /// Fetches what no cache had: waits for fetches in flight, claims and
