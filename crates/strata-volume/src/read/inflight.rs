@@ -13,6 +13,8 @@
 //! hangs and no error of another request is handed to them.
 
 use std::collections::HashMap;
+
+use super::key_hasher::KeyHasherBuilder;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,14 +28,14 @@ struct Entry<V> {
 }
 
 pub struct Flights<K, V> {
-    table: Mutex<HashMap<K, Entry<V>>>,
+    table: Mutex<HashMap<K, Entry<V>, KeyHasherBuilder>>,
     next_claim_id: AtomicU64,
 }
 
 impl<K: Hash + Eq + Clone, V: Clone> Flights<K, V> {
     pub fn new() -> Self {
         Flights {
-            table: Mutex::new(HashMap::new()),
+            table: Mutex::new(HashMap::default()),
             next_claim_id: AtomicU64::new(1),
         }
     }
@@ -55,7 +57,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Flights<K, V> {
 
 pub struct Table<'a, K, V> {
     flights: &'a Arc<Flights<K, V>>,
-    map: MutexGuard<'a, HashMap<K, Entry<V>>>,
+    map: MutexGuard<'a, HashMap<K, Entry<V>, KeyHasherBuilder>>,
 }
 
 impl<K: Hash + Eq + Clone, V: Clone> Table<'_, K, V> {

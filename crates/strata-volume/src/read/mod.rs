@@ -28,6 +28,7 @@ mod disk_fill;
 mod disk_writer;
 mod fetch_plan;
 mod inflight;
+mod key_hasher;
 mod prefetch;
 mod ram_cache;
 mod readahead;

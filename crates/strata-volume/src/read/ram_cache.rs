@@ -10,6 +10,8 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+
+use super::key_hasher::KeyHasherBuilder;
 use serde::Serialize;
 
 struct Slot<K, V> {
@@ -26,7 +28,7 @@ struct Slot<K, V> {
 /// insertion: a scan larger than the cache then kept the old entries and
 /// dropped every new one.)
 struct Inner<K, V> {
-    map: HashMap<K, usize>,
+    map: HashMap<K, usize, KeyHasherBuilder>,
     slots: Vec<Option<Slot<K, V>>>,
     free: Vec<usize>,
     hand: usize,
@@ -58,7 +60,7 @@ impl<K: Hash + Eq + Clone, V: Clone> ClockCache<K, V> {
     pub fn new(budget_bytes: u64) -> Self {
         ClockCache {
             inner: Mutex::new(Inner {
-                map: HashMap::new(),
+                map: HashMap::default(),
                 slots: Vec::new(),
                 free: Vec::new(),
                 hand: 0,

@@ -163,7 +163,11 @@ impl VolumeReader {
                 let p = &pieces[m];
                 let end = p.offset + p.dst.len() as u64;
                 if p.dst.is_empty() || end > idx.fixed.data_bytes {
-                    let detail = format!("map points past the data end ({}+{})", p.offset, p.dst.len());
+                    let detail = format!(
+                        "map points past the data end ({}+{})",
+                        p.offset,
+                        p.dst.len()
+                    );
                     return Err(self.corrupt(seq, detail));
                 }
                 let (pf, pl) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
