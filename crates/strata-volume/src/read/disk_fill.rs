@@ -1,14 +1,21 @@
-//! The disk cache on a read: looking the blocks of missing chunks up in
-//! `block_cache.rs`, reading the chunks back (one `pread` per block), and
-//! verifying each against its segment's CRC before it is served or
-//! promoted to RAM (what is read back from disk is untrusted).
+//! The disk cache on a read: looking blocks up in `block_cache.rs`, reading
+//! the chunks back (one `pread` per block), and verifying each against its
+//! segment's CRC before it is served (what is read back from disk is
+//! untrusted).
+//!
+//! Two ways in: `serve_from_disk` reads whole pieces whose blocks are all
+//! cached straight into the client's buffer (the common case for data
+//! written on this host: like the embedded store's reads, no RAM-cache
+//! copy of what the page cache holds, no fetch bookkeeping); `fill_from_disk`
+//! fills the chunks the RAM cache lacked for the pieces that took the
+//! general path, and promotes them to RAM.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::block_cache::{BlockCache, BlockKey, DiskHit, CHUNKS_PER_BLOCK};
-use super::fetch_plan::SegmentChunks;
+use super::fetch_plan::{SegmentChunks, StoredPiece};
 use super::shared_caches::SharedCaches;
 use super::volume_reader::VolumeReader;
 use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
@@ -29,6 +36,78 @@ struct BlockRead {
 }
 
 impl VolumeReader {
+    /// Serves the pieces whose blocks are all in the disk cache, verified,
+    /// straight into their buffers; returns the others (and any whose read
+    /// or verification failed) for the general path.
+    pub(crate) fn serve_from_disk<'a>(
+        &self,
+        caches: &SharedCaches,
+        idx: &SegmentIndex,
+        seq: u64,
+        pieces: Vec<StoredPiece<'a>>,
+    ) -> Vec<StoredPiece<'a>> {
+        let mut rest = Vec::new();
+        let mut scratch = Vec::new();
+        for mut p in pieces {
+            if !self.piece_from_disk(caches, idx, seq, &mut p, &mut scratch) {
+                rest.push(p);
+            }
+        }
+        rest
+    }
+
+    /// Reads one piece from the disk cache, block by block; false (nothing
+    /// counted as a miss: the general path looks again) if a block is
+    /// absent, reused meanwhile, unreadable or fails verification.
+    fn piece_from_disk(
+        &self,
+        caches: &SharedCaches,
+        idx: &SegmentIndex,
+        seq: u64,
+        p: &mut StoredPiece<'_>,
+        scratch: &mut Vec<u8>,
+    ) -> bool {
+        let disk = &caches.disk;
+        let end = p.offset + p.dst.len() as u64;
+        let (first, last) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
+        let mut chunk = first;
+        while chunk <= last {
+            let Some(key) = BlockKey::of_chunk(self.volume_key, seq, chunk) else {
+                return false;
+            };
+            let span_last = last.min(key.first_chunk() + CHUNKS_PER_BLOCK - 1);
+            let Some(hit) = disk.lookup(&key) else {
+                return false;
+            };
+            let from = chunk * CHUNK_BYTES;
+            let to = ((span_last + 1) * CHUNK_BYTES).min(idx.fixed.data_bytes);
+            scratch.resize((to - from) as usize, 0);
+            let in_block = from - key.first_chunk() * CHUNK_BYTES;
+            if let Err(e) = disk.read_at(&hit, in_block, scratch) {
+                tracing::debug!(error = %e, "disk cache read failed");
+                disk.count_io_error();
+                return false;
+            }
+            if !disk.still_holds(&hit, &key) {
+                return false;
+            }
+            if let Err(detail) = idx.verify(chunk, scratch) {
+                tracing::warn!(volume = %self.name, seq, block = key.block, %detail, path = %disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
+                disk.drop_corrupt(&hit, &key);
+                return false;
+            }
+            // The part of the piece inside this span.
+            let copy_from = p.offset.max(from);
+            let copy_to = end.min(to);
+            let src = &scratch[(copy_from - from) as usize..(copy_to - from) as usize];
+            let at = (copy_from - p.offset) as usize;
+            p.dst[at..at + src.len()].copy_from_slice(src);
+            disk.count_hits(span_last + 1 - chunk);
+            chunk = span_last + 1;
+        }
+        true
+    }
+
     /// Chunks of the disk cache, verified against the segment's CRCs; a
     /// verified chunk is promoted to RAM.
     pub(crate) async fn fill_from_disk(

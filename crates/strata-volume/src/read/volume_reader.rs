@@ -107,6 +107,17 @@ impl VolumeReader {
                 );
                 return Err(self.corrupt(seq, detail));
             }
+        }
+        // Pieces whose blocks are all in the disk cache are read straight
+        // from it into the client's buffer (`disk_fill.rs`).
+        if caches.disk_enabled() {
+            pieces = self.serve_from_disk(caches, &idx, seq, pieces);
+            if pieces.is_empty() {
+                return Ok(());
+            }
+        }
+        for p in &pieces {
+            let end = p.offset + p.dst.len() as u64;
             numbers.extend(p.offset / CHUNK_BYTES..=(end - 1) / CHUNK_BYTES);
         }
         numbers.sort_unstable();
