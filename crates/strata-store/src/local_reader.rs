@@ -92,27 +92,36 @@ impl LocalReader {
         location: &Path,
         range: Range<u64>,
     ) -> object_store::Result<Bytes> {
-        let to_err = |source: io::Error| {
-            if source.kind() == io::ErrorKind::NotFound {
-                object_store::Error::NotFound {
-                    path: location.to_string(),
-                    source: Box::new(source),
-                }
-            } else {
-                object_store::Error::Generic {
-                    store: "LocalFileSystem",
-                    source: Box::new(io::Error::new(
-                        source.kind(),
-                        format!("{location}: {source}"),
-                    )),
-                }
-            }
-        };
+        let to_err = |source| read_error(location, source);
         let len = usize::try_from(range.end.saturating_sub(range.start))
             .map_err(|_| to_err(io::Error::other("range too large")))?;
         let file = self.file(location).map_err(to_err)?;
         let mut buf = vec![0u8; len];
         file.read_exact_at(&mut buf, range.start).map_err(to_err)?;
         Ok(Bytes::from(buf))
+    }
+
+    /// The open file of `location`, for callers that read it repeatedly
+    /// into their own buffers (see `Store::local_file`).
+    pub(crate) fn open(&self, location: &Path) -> object_store::Result<Arc<File>> {
+        self.file(location).map_err(|e| read_error(location, e))
+    }
+}
+
+/// A failed local read as the store's error (NotFound stays NotFound).
+pub(crate) fn read_error(location: &Path, source: io::Error) -> object_store::Error {
+    if source.kind() == io::ErrorKind::NotFound {
+        object_store::Error::NotFound {
+            path: location.to_string(),
+            source: Box::new(source),
+        }
+    } else {
+        object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(io::Error::new(
+                source.kind(),
+                format!("{location}: {source}"),
+            )),
+        }
     }
 }

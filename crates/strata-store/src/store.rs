@@ -185,6 +185,19 @@ impl Store {
         }
     }
 
+    /// For the embedded store: the object's open file (cached descriptor),
+    /// for a reader that `pread`s runs of it into its own buffer (no
+    /// allocation per read); `None` for other stores. Errors as
+    /// `get_range`'s; `local_read_error` maps the caller's `pread` errors.
+    pub fn local_file(&self, location: &Path) -> Option<object_store::Result<Arc<std::fs::File>>> {
+        self.local_reader.as_ref().map(|r| r.open(location))
+    }
+
+    /// A failed `pread` of a `local_file` as the store's error.
+    pub fn local_read_error(location: &Path, source: std::io::Error) -> object_store::Error {
+        crate::local_reader::read_error(location, source)
+    }
+
     /// Writes an object.
     pub async fn put_opts(
         &self,
