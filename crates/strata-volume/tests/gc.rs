@@ -201,6 +201,9 @@ async fn continuous_gc_racing_overwrites_loses_nothing() {
         c.gc.live_threshold_percent = 99;
         c.gc.interval_ms = 10;
         c.gc.grace_ms = 0;
+        // Written data enters the disk cache; reads and GC's copies come
+        // from it while GC moves and deletes what it names.
+        c.disk_cache_bytes = 8 * MIB;
         c
     };
     for (backend, store, dir) in backends().await {
@@ -222,8 +225,15 @@ async fn continuous_gc_racing_overwrites_loses_nothing() {
             s.gc.bytes_copied > 0 && s.gc.objects_deleted > 0,
             "{backend}: {s:?}"
         );
+        let cache = engine.caches().stats().disk_cache;
+        assert!(
+            cache.written_insertions > 0 && cache.hits > 0 && cache.verify_failures == 0,
+            "{backend}: {cache:?}"
+        );
         engine.close_all().await.unwrap();
         assert_accounting(&vol, &store, backend).await;
+        // The disk cache file is locked until the caches are dropped.
+        drop((vol, engine));
         let engine = Engine::new(store.clone(), config(dir.path())).unwrap();
         let vol = engine.open_volume("v").await.unwrap();
         assert_matches(&vol, &model, &format!("{backend} after reopen")).await;

@@ -69,6 +69,9 @@ impl VolumeReader {
     ) -> bool {
         let disk = &caches.disk;
         let end = p.offset + p.dst.len() as u64;
+        if p.dst.is_empty() || end > idx.fixed.data_bytes {
+            return false;
+        }
         let (first, last) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
         let mut chunk = first;
         while chunk <= last {

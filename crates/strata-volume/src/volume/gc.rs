@@ -51,6 +51,39 @@ const BACKGROUND_PASS_COPY_BYTES: u64 = 256 << 20;
 struct Stopped;
 
 impl Volume {
+    /// The bytes of a victim's live pieces: from the disk cache when all
+    /// their blocks are there (data written on this host usually is; no
+    /// GET, no RAM-cache traffic), else by ranged GETs (`read_live_data`).
+    async fn read_live(
+        &self,
+        seq: u64,
+        idx: &crate::format::segment::SegmentIndex,
+        pieces: &[LivePiece],
+    ) -> Result<Vec<u8>, VolumeError> {
+        if self.caches.disk_enabled() {
+            let total: u64 = pieces.iter().map(|p| p.len).sum();
+            let mut out = vec![0u8; total as usize];
+            let mut stored = Vec::with_capacity(pieces.len());
+            let mut rest = &mut out[..];
+            for p in pieces {
+                let (dst, tail) = rest.split_at_mut(p.len as usize);
+                stored.push(crate::read::StoredPiece {
+                    seq,
+                    offset: p.segment_offset,
+                    dst,
+                });
+                rest = tail;
+            }
+            let missed = self
+                .reader()
+                .serve_from_disk(&self.caches, idx, seq, stored);
+            if missed.is_empty() {
+                return Ok(out);
+            }
+        }
+        read_live_data(&self.store, &self.names, seq, idx, pieces).await
+    }
+
     /// Starts the background garbage collector (if enabled).
     pub(crate) fn start_gc(self: &Arc<Self>) {
         if !self.config.gc.enabled {
@@ -196,7 +229,7 @@ impl Volume {
             let urgent = self.space_is_urgent();
             self.wait_for_copy_room(bytes, urgent).await?;
             let started = std::time::Instant::now();
-            let data = read_live_data(&self.store, &self.names, seq, &idx, batch).await?;
+            let data = self.read_live(seq, &idx, batch).await?;
             // Read in segment order (fewer, larger GETs), appended in volume
             // address order (old volumes become contiguous again).
             let (batch, data) = in_address_order(batch, &data);
