@@ -84,8 +84,30 @@ impl VolumeReader {
             };
             let from = chunk * CHUNK_BYTES;
             let to = ((span_last + 1) * CHUNK_BYTES).min(idx.fixed.data_bytes);
-            scratch.resize((to - from) as usize, 0);
             let in_block = from - key.first_chunk() * CHUNK_BYTES;
+            // Whole chunks of the piece: read and verified in the client's
+            // buffer itself (no scratch, no copy).
+            if from >= p.offset && to <= end {
+                let at = (from - p.offset) as usize;
+                let dst = &mut p.dst[at..at + (to - from) as usize];
+                if let Err(e) = disk.read_at(&hit, in_block, dst) {
+                    tracing::debug!(error = %e, "disk cache read failed");
+                    disk.count_io_error();
+                    return false;
+                }
+                if !disk.still_holds(&hit, &key) {
+                    return false;
+                }
+                if let Err(detail) = idx.verify(chunk, dst) {
+                    tracing::warn!(volume = %self.name, seq, block = key.block, %detail, path = %disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
+                    disk.drop_corrupt(&hit, &key);
+                    return false;
+                }
+                disk.count_hits(span_last + 1 - chunk);
+                chunk = span_last + 1;
+                continue;
+            }
+            scratch.resize((to - from) as usize, 0);
             if let Err(e) = disk.read_at(&hit, in_block, scratch) {
                 tracing::debug!(error = %e, "disk cache read failed");
                 disk.count_io_error();
