@@ -20,9 +20,11 @@ fn s3_fio_verify_passes_while_a_cluster_node_restarts() {
     let cluster = MinioCluster::start();
     let tmp = tempfile::TempDir::new().unwrap();
     let store = S3Store::on_cluster(&cluster, "cluster");
+    // No disk cache: fio's verification reads must go to the cluster (with
+    // the cache they are local-disk hits and finish before the node dies).
     let mut server = Server::start(
         tmp.path(),
-        Target::strata_s3(&store, &[]),
+        Target::strata_s3(&store, &["--disk-cache-size", "0"]),
         &[("vol", 2 * GIB)],
     );
     let uri = server.vol_uri();

@@ -30,6 +30,7 @@ mod fetch_plan;
 mod inflight;
 mod key_hasher;
 mod prefetch;
+mod prefetched_runs;
 mod ram_cache;
 mod readahead;
 mod segment_fetch;

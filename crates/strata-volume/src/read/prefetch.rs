@@ -80,13 +80,15 @@ fn claim_window(
     for (seq, mut numbers) in by_seq {
         numbers.sort_unstable();
         numbers.dedup();
-        let cached = |c: u64| {
-            caches.chunks.contains(&(reader.uuid, seq, c))
+        let kept = caches.prefetched.covered(&reader.uuid, seq, &numbers);
+        let cached = |i: usize, c: u64| {
+            kept[i]
+                || caches.chunks.contains(&(reader.uuid, seq, c))
                 || BlockKey::of_chunk(reader.volume_key, seq, c)
                     .is_some_and(|k| caches.disk.contains(&k))
         };
         let missing: Vec<usize> = (0..numbers.len())
-            .filter(|&i| !cached(numbers[i]))
+            .filter(|&i| !cached(i, numbers[i]))
             .collect();
         // Chunks others are fetching come back as waits: nothing to do.
         let runs = caches

@@ -38,7 +38,7 @@ pub const STREAMS: usize = 8;
 /// The first window of a stream.
 pub const MIN_WINDOW_BYTES: u64 = 256 << 10;
 /// Windows being fetched at once, server-wide.
-const MAX_WINDOWS_IN_FLIGHT: usize = 4;
+pub(crate) const MAX_WINDOWS_IN_FLIGHT: usize = 4;
 
 /// Read-ahead counters.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
@@ -51,6 +51,10 @@ pub struct ReadAheadStats {
     pub windows_skipped: u64,
     /// Bytes read-ahead GETs returned.
     pub bytes_prefetched: u64,
+    /// Bytes of fetched runs kept whole for readers (`prefetched_runs.rs`).
+    pub kept_bytes: u64,
+    /// Chunks readers took from the kept runs.
+    pub kept_chunk_hits: u64,
 }
 
 /// Server-wide read-ahead settings, bound and counters.
@@ -83,6 +87,8 @@ impl ReadAhead {
             windows_issued: self.windows_issued.load(Ordering::Relaxed),
             windows_skipped: self.windows_skipped.load(Ordering::Relaxed),
             bytes_prefetched: self.bytes_prefetched.load(Ordering::Relaxed),
+            kept_bytes: 0,
+            kept_chunk_hits: 0,
         }
     }
 }

@@ -47,7 +47,11 @@ impl VolumeReader {
             first_chunk: get.start,
             bytes,
         };
-        caches.insert_ram(self.uuid, seq, &fetched, &run);
+        if readahead {
+            caches.prefetched.insert(self.uuid, seq, fetched.clone());
+        } else {
+            caches.insert_ram(self.uuid, seq, &fetched, &run);
+        }
         claim.complete(fetched.clone());
         drop(claim);
         caches.insert_fetched(self.volume_key, seq, &fetched, chunk_count);

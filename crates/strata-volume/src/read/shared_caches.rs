@@ -20,6 +20,7 @@ use super::fetch_plan::{
     coalesce, ChunkKey, FetchPlan, IndexKey, RunBytes, MAX_GAP_BYTES, MAX_GET_BYTES,
 };
 use super::inflight::Flights;
+use super::prefetched_runs::PrefetchedRuns;
 use super::ram_cache::{CacheStats, ClockCache};
 use super::readahead::{ReadAhead, ReadAheadStats, Streams};
 use super::volume_reader::VolumeReader;
@@ -81,6 +82,8 @@ pub struct SharedCaches {
     pub(crate) index_flights: Arc<Flights<IndexKey, Arc<SegmentIndex>>>,
     disk_writer: DiskWriter,
     pub(crate) readahead: ReadAhead,
+    /// Read-ahead's runs, whole, until readers take them.
+    pub(crate) prefetched: PrefetchedRuns,
     /// Per-volume read state, by volume uuid. One small entry per volume
     /// read since the server started.
     readers: Mutex<HashMap<[u8; 16], Arc<VolumeReader>>>,
@@ -105,6 +108,7 @@ impl SharedCaches {
             index_flights: Arc::new(Flights::new()),
             disk_writer: DiskWriter::new(disk),
             readahead: ReadAhead::new(config.readahead_max_bytes, config.cache_bytes),
+            prefetched: PrefetchedRuns::new(prefetched_budget_bytes(config)),
             readers: Mutex::new(HashMap::new()),
             counters: StoreCounters::default(),
             background: Arc::new(Background::default()),
@@ -123,7 +127,11 @@ impl SharedCaches {
             ram_chunks: self.chunks.stats(),
             disk_cache: self.disk.stats(),
             segment_indexes: self.indexes.stats(),
-            readahead: self.readahead.stats(),
+            readahead: ReadAheadStats {
+                kept_bytes: self.prefetched.used_bytes(),
+                kept_chunk_hits: self.prefetched.hits.load(Ordering::Relaxed),
+                ..self.readahead.stats()
+            },
             store: StoreReadStats {
                 data_gets: load(&c.data_gets),
                 data_get_bytes: load(&c.data_get_bytes),
@@ -304,6 +312,14 @@ impl SharedCaches {
     pub(crate) fn disk_enabled(&self) -> bool {
         self.disk.enabled()
     }
+}
+
+/// Read-ahead's kept runs: as much as the windows in flight can fetch
+/// (`MAX_WINDOWS_IN_FLIGHT` of the largest window), twice, so a window
+/// lands while the one before it is being read.
+fn prefetched_budget_bytes(config: &VolumeConfig) -> u64 {
+    let window = config.readahead_max_bytes.min(config.cache_bytes / 4);
+    2 * super::readahead::MAX_WINDOWS_IN_FLIGHT as u64 * window
 }
 
 /// What a segment index costs in the index cache.

@@ -129,6 +129,7 @@ impl VolumeReader {
             .map(|&c| caches.chunks.get(&(self.uuid, seq, c)))
             .collect();
         let mut chunks = SegmentChunks { numbers, data };
+        caches.prefetched.fill(&self.uuid, seq, &mut chunks);
         self.fill_from_disk(caches, &idx, seq, &mut chunks).await;
         self.fetch_missing(caches, &idx, seq, &mut chunks, &pieces)
             .await?;
