@@ -84,23 +84,12 @@ impl VolumeReader {
             };
             let from = chunk * CHUNK_BYTES;
             let to = ((span_last + 1) * CHUNK_BYTES).min(idx.fixed.data_bytes);
-            let in_block = from - key.first_chunk() * CHUNK_BYTES;
             // Whole chunks of the piece: read and verified in the client's
             // buffer itself (no scratch, no copy).
             if from >= p.offset && to <= end {
                 let at = (from - p.offset) as usize;
                 let dst = &mut p.dst[at..at + (to - from) as usize];
-                if let Err(e) = disk.read_at(&hit, in_block, dst) {
-                    tracing::debug!(error = %e, "disk cache read failed");
-                    disk.count_io_error();
-                    return false;
-                }
-                if !disk.still_holds(&hit, &key) {
-                    return false;
-                }
-                if let Err(detail) = idx.verify(chunk, dst) {
-                    tracing::warn!(volume = %self.name, seq, block = key.block, %detail, path = %disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
-                    disk.drop_corrupt(&hit, &key);
+                if !self.read_verified(disk, idx, seq, (&key, &hit), chunk, dst) {
                     return false;
                 }
                 disk.count_hits(span_last + 1 - chunk);
@@ -108,17 +97,7 @@ impl VolumeReader {
                 continue;
             }
             scratch.resize((to - from) as usize, 0);
-            if let Err(e) = disk.read_at(&hit, in_block, scratch) {
-                tracing::debug!(error = %e, "disk cache read failed");
-                disk.count_io_error();
-                return false;
-            }
-            if !disk.still_holds(&hit, &key) {
-                return false;
-            }
-            if let Err(detail) = idx.verify(chunk, scratch) {
-                tracing::warn!(volume = %self.name, seq, block = key.block, %detail, path = %disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
-                disk.drop_corrupt(&hit, &key);
+            if !self.read_verified(disk, idx, seq, (&key, &hit), chunk, scratch) {
                 return false;
             }
             // The part of the piece inside this span.
@@ -129,6 +108,35 @@ impl VolumeReader {
             p.dst[at..at + src.len()].copy_from_slice(src);
             disk.count_hits(span_last + 1 - chunk);
             chunk = span_last + 1;
+        }
+        true
+    }
+
+    /// Reads chunks `first..` of a cached block into `buf` (its length is
+    /// the span) and verifies them; false, with the reason counted and a
+    /// corrupt block dropped, if they cannot be served.
+    fn read_verified(
+        &self,
+        disk: &BlockCache,
+        idx: &SegmentIndex,
+        seq: u64,
+        (key, hit): (&BlockKey, &DiskHit),
+        first: u64,
+        buf: &mut [u8],
+    ) -> bool {
+        let in_block = first * CHUNK_BYTES - key.first_chunk() * CHUNK_BYTES;
+        if let Err(e) = disk.read_at(hit, in_block, buf) {
+            tracing::debug!(error = %e, "disk cache read failed");
+            disk.count_io_error();
+            return false;
+        }
+        if !disk.still_holds(hit, key) {
+            return false;
+        }
+        if let Err(detail) = idx.verify(first, buf) {
+            tracing::warn!(volume = %self.name, seq, block = key.block, %detail, path = %disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
+            disk.drop_corrupt(hit, key);
+            return false;
         }
         true
     }

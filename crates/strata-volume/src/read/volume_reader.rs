@@ -100,15 +100,7 @@ impl VolumeReader {
         let idx = self.segment_index(caches, seq).await?;
         let mut numbers = Vec::new();
         for p in &pieces {
-            let end = p.offset + p.dst.len() as u64;
-            if p.dst.is_empty() || end > idx.fixed.data_bytes {
-                let detail = format!(
-                    "map points past the data end ({}+{})",
-                    p.offset,
-                    p.dst.len()
-                );
-                return Err(self.corrupt(seq, detail));
-            }
+            self.check_piece(&idx, seq, p)?;
         }
         // Pieces whose blocks are all in the disk cache are read straight
         // from it into the client's buffer (`disk_fill.rs`).
@@ -182,15 +174,8 @@ impl VolumeReader {
             let mut m = k;
             while m < pieces.len() {
                 let p = &pieces[m];
+                self.check_piece(idx, seq, p)?;
                 let end = p.offset + p.dst.len() as u64;
-                if p.dst.is_empty() || end > idx.fixed.data_bytes {
-                    let detail = format!(
-                        "map points past the data end ({}+{})",
-                        p.offset,
-                        p.dst.len()
-                    );
-                    return Err(self.corrupt(seq, detail));
-                }
                 let (pf, pl) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
                 if m > k && (pf > last + 1 || pl + 1 - first > MAX_LOCAL_RUN_CHUNKS) {
                     break;
@@ -231,6 +216,25 @@ impl VolumeReader {
                 p.dst.copy_from_slice(src);
             }
             k = m;
+        }
+        Ok(())
+    }
+
+    /// A stored piece the map handed us must lie within the segment's data.
+    fn check_piece(
+        &self,
+        idx: &SegmentIndex,
+        seq: u64,
+        p: &StoredPiece<'_>,
+    ) -> Result<(), VolumeError> {
+        let end = p.offset + p.dst.len() as u64;
+        if p.dst.is_empty() || end > idx.fixed.data_bytes {
+            let detail = format!(
+                "map points past the data end ({}+{})",
+                p.offset,
+                p.dst.len()
+            );
+            return Err(self.corrupt(seq, detail));
         }
         Ok(())
     }
