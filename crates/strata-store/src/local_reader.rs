@@ -103,13 +103,33 @@ impl LocalReader {
 
     /// The open file of `location`, for callers that read it repeatedly
     /// into their own buffers (see `Store::local_file`).
-    pub(crate) fn open(&self, location: &Path) -> object_store::Result<Arc<File>> {
-        self.file(location).map_err(|e| read_error(location, e))
+    pub(crate) fn open(&self, location: &Path) -> object_store::Result<LocalFile> {
+        let file = self.file(location).map_err(|e| read_error(location, e))?;
+        Ok(LocalFile {
+            file,
+            location: location.clone(),
+        })
+    }
+}
+
+/// An object of the embedded store, open for `pread`s into the caller's
+/// buffers.
+pub struct LocalFile {
+    file: Arc<File>,
+    location: Path,
+}
+
+impl LocalFile {
+    /// Fills `buf` from byte `offset` of the object; errors as `get_range`'s.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> object_store::Result<()> {
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| read_error(&self.location, e))
     }
 }
 
 /// A failed local read as the store's error (NotFound stays NotFound).
-pub(crate) fn read_error(location: &Path, source: io::Error) -> object_store::Error {
+fn read_error(location: &Path, source: io::Error) -> object_store::Error {
     if source.kind() == io::ErrorKind::NotFound {
         object_store::Error::NotFound {
             path: location.to_string(),

@@ -17,7 +17,7 @@ use object_store::{PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 use crate::counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
 use crate::env::SplitMixEntropy;
 use crate::layered_object_store::{layer, LayerConfig, Layered, LayeredSnapshot};
-use crate::local_reader::LocalReader;
+use crate::local_reader::{LocalFile, LocalReader};
 use crate::retry_policy::RetryPolicy;
 use crate::retrying_object_store::is_transient;
 use crate::s3_config::S3Config;
@@ -185,17 +185,12 @@ impl Store {
         }
     }
 
-    /// For the embedded store: the object's open file (cached descriptor),
-    /// for a reader that `pread`s runs of it into its own buffer (no
+    /// For the embedded store: the object, open (a cached descriptor) for
+    /// a reader that `pread`s runs of it into its own buffers (no
     /// allocation per read); `None` for other stores. Errors as
-    /// `get_range`'s; `local_read_error` maps the caller's `pread` errors.
-    pub fn local_file(&self, location: &Path) -> Option<object_store::Result<Arc<std::fs::File>>> {
+    /// `get_range`'s.
+    pub fn local_file(&self, location: &Path) -> Option<object_store::Result<LocalFile>> {
         self.local_reader.as_ref().map(|r| r.open(location))
-    }
-
-    /// A failed `pread` of a `local_file` as the store's error.
-    pub fn local_read_error(location: &Path, source: std::io::Error) -> object_store::Error {
-        crate::local_reader::read_error(location, source)
     }
 
     /// Writes an object.

@@ -231,16 +231,8 @@ const AUTO_DISK_CACHE_MAX_BYTES: u64 = 256 * GIB;
 /// that share, so a restart does not empty the cache because free space
 /// moved a little.
 pub fn auto_disk_cache_bytes(data_dir: &Path) -> u64 {
-    use crate::format::cache_file::CacheSuperblock;
     let cache_file = data_dir.join("cache").join("blocks");
-    let existing = (|| {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open(&cache_file).ok()?;
-        let mut sb = [0u8; 64];
-        f.read_exact_at(&mut sb, 0).ok()?;
-        let sb = CacheSuperblock::decode(&sb).ok()?;
-        Some(sb.slot_count * u64::from(sb.block_bytes))
-    })();
+    let existing = existing_cache_bytes(&cache_file);
     let cache_allocated = std::fs::metadata(&cache_file)
         .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
         .unwrap_or(0);
@@ -254,6 +246,18 @@ pub fn auto_disk_cache_bytes(data_dir: &Path) -> u64 {
         }
     }
     (share / GIB * GIB).clamp(AUTO_DISK_CACHE_MIN_BYTES, AUTO_DISK_CACHE_MAX_BYTES)
+}
+
+/// The size of the disk cache file at `path` as its superblock says, if it
+/// has a valid one.
+fn existing_cache_bytes(path: &Path) -> Option<u64> {
+    use crate::format::cache_file::CacheSuperblock;
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).ok()?;
+    let mut sb = [0u8; 64];
+    f.read_exact_at(&mut sb, 0).ok()?;
+    let sb = CacheSuperblock::decode(&sb).ok()?;
+    Some(sb.slot_count * u64::from(sb.block_bytes))
 }
 
 /// Free bytes (for unprivileged users) of the file system holding `path`,

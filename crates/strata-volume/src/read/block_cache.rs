@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use super::key_hasher::mix64;
 use crate::error::VolumeError;
 use crate::format::cache_file::{CacheEntry, CacheSuperblock, ENTRY_BYTES, SUPERBLOCK_BYTES};
 use crate::format::segment::CHUNK_BYTES;
@@ -105,14 +106,6 @@ impl BlockKey {
 const SEEN_WAYS: usize = 4;
 /// Fingerprints the admission filter keeps at least.
 const MIN_SEEN_ENTRIES: u64 = 4096;
-
-/// splitmix64's finaliser: spreads consecutive blocks over all sets.
-fn mix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 /// One set of `ways` slots; bit `w` of each mask is slot `w`.
 struct Set {

@@ -130,10 +130,25 @@ impl VolumeReader {
             disk.count_io_error();
             return false;
         }
+        self.trust(disk, idx, seq, (key, hit), first, buf)
+    }
+
+    /// Whether bytes read from a cached block (chunks `first..`) may be
+    /// served: the slot still held the block and the chunks match their
+    /// segment's CRCs; a block that fails is dropped and logged.
+    fn trust(
+        &self,
+        disk: &BlockCache,
+        idx: &SegmentIndex,
+        seq: u64,
+        (key, hit): (&BlockKey, &DiskHit),
+        first: u64,
+        bytes: &[u8],
+    ) -> bool {
         if !disk.still_holds(hit, key) {
             return false;
         }
-        if let Err(detail) = idx.verify(first, buf) {
+        if let Err(detail) = idx.verify(first, bytes) {
             tracing::warn!(volume = %self.name, seq, block = key.block, %detail, path = %disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
             disk.drop_corrupt(hit, key);
             return false;
@@ -169,13 +184,7 @@ impl VolumeReader {
                     continue;
                 }
             };
-            if !caches.disk.still_holds(&r.hit, &r.key) {
-                caches.disk.count_misses(r.positions.len() as u64);
-                continue;
-            }
-            if let Err(detail) = idx.verify(r.first, &bytes) {
-                tracing::warn!(volume = %self.name, seq, block = r.key.block, %detail, path = %caches.disk.path().display(), "disk cache block failed verification; dropped, reading it from the store");
-                caches.disk.drop_corrupt(&r.hit, &r.key);
+            if !self.trust(&caches.disk, idx, seq, (&r.key, &r.hit), r.first, &bytes) {
                 caches.disk.count_misses(r.positions.len() as u64);
                 continue;
             }

@@ -66,6 +66,9 @@ impl PrefetchedRuns {
     /// Fills the missing chunks of `chunks` (of segment `seq`) that a kept
     /// run holds, as slices of it (no copy).
     pub(crate) fn fill(&self, uuid: &[u8; 16], seq: u64, chunks: &mut SegmentChunks) {
+        if self.budget_bytes == 0 {
+            return; // read-ahead is off: no lock on every read
+        }
         let g = self.runs.lock();
         let mut taken = 0;
         for r in g.0.iter().filter(|r| r.seq == seq && r.uuid == *uuid) {
@@ -87,6 +90,9 @@ impl PrefetchedRuns {
     /// kept run holds it.
     pub(crate) fn covered(&self, uuid: &[u8; 16], seq: u64, numbers: &[u64]) -> Vec<bool> {
         let mut out = vec![false; numbers.len()];
+        if self.budget_bytes == 0 {
+            return out;
+        }
         let g = self.runs.lock();
         for r in g.0.iter().filter(|r| r.seq == seq && r.uuid == *uuid) {
             let span = r.chunks();

@@ -58,7 +58,7 @@ impl VolumeReader {
         Ok(fetched)
     }
 
-    pub(crate) async fn get_range(
+    async fn get_range(
         &self,
         caches: &SharedCaches,
         seq: u64,
@@ -85,6 +85,16 @@ impl VolumeReader {
             return Err(self.corrupt(seq, format!("short read: {got} of {want} bytes")));
         }
         Ok(bytes)
+    }
+
+    /// Counts a read of segment data that did not go through `get_range`
+    /// (the embedded store's direct `pread`s) like a GET.
+    pub(crate) fn count_data_read(&self, caches: &SharedCaches, bytes: u64) {
+        let c = &caches.counters;
+        c.data_gets.fetch_add(1, Ordering::Relaxed);
+        c.data_get_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        self.get_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// The verified index of stored segment `seq`: cached, or fetched once

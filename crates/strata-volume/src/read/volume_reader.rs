@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{StreamExt, TryStreamExt};
@@ -146,15 +145,17 @@ impl VolumeReader {
             let n = rest.partition_point(|p| p.seq == seq);
             let (same, next) = rest.split_at_mut(n);
             let idx = self.segment_index(caches, seq).await?;
-            self.read_local_segment(caches, &idx, seq, same).await?;
+            self.read_local_segment(caches, &idx, seq, same)?;
             rest = next;
         }
         Ok(())
     }
 
     /// Reads `pieces` (of segment `seq`, sorted by offset) in runs: one
-    /// `pread` each into a buffer reused across runs, verified, copied out.
-    async fn read_local_segment(
+    /// `pread` each, verified; a run that is one piece of whole chunks is
+    /// read into the client's buffer itself, others into a buffer reused
+    /// across runs and copied out.
+    fn read_local_segment(
         &self,
         caches: &SharedCaches,
         idx: &SegmentIndex,
@@ -166,35 +167,21 @@ impl VolumeReader {
             Some(f) => f.map_err(store_error(&self.store, "read", &path))?,
             None => return Err(self.corrupt(seq, "not a local store".into())),
         };
+        let read_verified = |first: u64, offset: u64, buf: &mut [u8]| {
+            file.read_exact_at(buf, offset)
+                .map_err(store_error(&self.store, "read", &path))?;
+            self.count_data_read(caches, buf.len() as u64);
+            idx.verify(first, buf).map_err(|d| self.corrupt(seq, d))
+        };
         let mut scratch: Vec<u8> = Vec::new();
         let mut k = 0;
         while k < pieces.len() {
-            let first = pieces[k].offset / CHUNK_BYTES;
-            let mut last = first;
-            let mut m = k;
-            while m < pieces.len() {
-                let p = &pieces[m];
-                self.check_piece(idx, seq, p)?;
-                let end = p.offset + p.dst.len() as u64;
-                let (pf, pl) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
-                if m > k && (pf > last + 1 || pl + 1 - first > MAX_LOCAL_RUN_CHUNKS) {
-                    break;
-                }
-                last = last.max(pl);
-                m += 1;
-            }
+            let (first, last, m) = self.local_run(idx, seq, pieces, k)?;
             let range = idx.chunk_range(first, last);
             let len = (range.end - range.start) as usize;
-            // One piece covering whole chunks: read and verify it in the
-            // client's buffer itself (no scratch, no copy).
             let p = &mut pieces[k];
             if m == k + 1 && p.offset == first * CHUNK_BYTES && p.dst.len() == len {
-                file.read_exact_at(p.dst, range.start).map_err(|e| {
-                    let e = strata_store::Store::local_read_error(&path, e);
-                    store_error(&self.store, "read", &path)(e)
-                })?;
-                self.count_local_read(caches, len as u64);
-                idx.verify(first, p.dst).map_err(|d| self.corrupt(seq, d))?;
+                read_verified(first, range.start, p.dst)?;
                 k = m;
                 continue;
             }
@@ -202,12 +189,7 @@ impl VolumeReader {
                 scratch.resize(len, 0);
             }
             let bytes = &mut scratch[..len];
-            file.read_exact_at(bytes, range.start).map_err(|e| {
-                let e = strata_store::Store::local_read_error(&path, e);
-                store_error(&self.store, "read", &path)(e)
-            })?;
-            self.count_local_read(caches, len as u64);
-            idx.verify(first, bytes).map_err(|d| self.corrupt(seq, d))?;
+            read_verified(first, range.start, bytes)?;
             for p in &mut pieces[k..m] {
                 let at = (p.offset - first * CHUNK_BYTES) as usize;
                 let src = bytes
@@ -218,6 +200,32 @@ impl VolumeReader {
             k = m;
         }
         Ok(())
+    }
+
+    /// The run starting at piece `k`: its first and last chunk and the end
+    /// (exclusive) of its pieces, which touch or overlap chunk-wise, up to
+    /// `MAX_LOCAL_RUN_CHUNKS`.
+    fn local_run(
+        &self,
+        idx: &SegmentIndex,
+        seq: u64,
+        pieces: &[StoredPiece<'_>],
+        k: usize,
+    ) -> Result<(u64, u64, usize), VolumeError> {
+        let first = pieces[k].offset / CHUNK_BYTES;
+        let mut last = first;
+        let mut m = k;
+        while let Some(p) = pieces.get(m) {
+            self.check_piece(idx, seq, p)?;
+            let end = p.offset + p.dst.len() as u64;
+            let (pf, pl) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
+            if m > k && (pf > last + 1 || pl + 1 - first > MAX_LOCAL_RUN_CHUNKS) {
+                break;
+            }
+            last = last.max(pl);
+            m += 1;
+        }
+        Ok((first, last, m))
     }
 
     /// A stored piece the map handed us must lie within the segment's data.
@@ -237,15 +245,6 @@ impl VolumeReader {
             return Err(self.corrupt(seq, detail));
         }
         Ok(())
-    }
-
-    /// Counts a direct read of the embedded store as a data GET.
-    fn count_local_read(&self, caches: &SharedCaches, bytes: u64) {
-        let c = &caches.counters;
-        c.data_gets.fetch_add(1, Ordering::Relaxed);
-        c.data_get_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.gets.fetch_add(1, Ordering::Relaxed);
-        self.get_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Fetches what no cache had: waits for fetches in flight, claims and
