@@ -70,6 +70,9 @@ pub struct GcConfig {
     pub interval_ms: u64,
     /// Copy bandwidth of compaction, bytes per second.
     pub rate_bytes_per_sec: u64,
+    /// Rewrite the pieces of a fragmented large read contiguously (only
+    /// while the write buffer is at most a quarter full; `gc/read_rewrite.rs`).
+    pub rewrite_fragmented_reads: bool,
 }
 
 impl Default for GcConfig {
@@ -87,6 +90,7 @@ impl Default for GcConfig {
             grace_ms: 30_000,
             interval_ms: 2_000,
             rate_bytes_per_sec: 64 * MIB,
+            rewrite_fragmented_reads: true,
         }
     }
 }

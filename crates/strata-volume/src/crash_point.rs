@@ -17,6 +17,10 @@ pub const GC_CRASH_POINTS: &[&str] = &[
     "gc.after_deletions",
 ];
 
+/// Right after a fragmented read's pieces were repointed to the open
+/// segment, before that segment is stored (`gc/read_rewrite.rs`).
+pub const READ_REWRITE_CRASH_POINT: &str = "gc.after_read_rewrite";
+
 static TARGET: OnceLock<Option<(String, u64)>> = OnceLock::new();
 static HITS: AtomicU64 = AtomicU64::new(0);
 

@@ -44,7 +44,7 @@ pub use config::{
     auto_disk_cache_bytes, Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS,
     MIN_LEASE_TTL_MS,
 };
-pub use crash_point::GC_CRASH_POINTS;
+pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT};
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::manifest::{GcPassRecord, Manifest};

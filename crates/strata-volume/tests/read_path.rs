@@ -287,7 +287,7 @@ async fn fill(vol: &Arc<Volume>, start: u64, len: u64) {
     }
 }
 
-async fn read_expect(vol: &Volume, start: u64, len: u64) {
+async fn read_expect(vol: &std::sync::Arc<Volume>, start: u64, len: u64) {
     let mut buf = vec![0u8; len as usize];
     vol.read(start, &mut buf).await.unwrap();
     let want = pattern_range(start, len);
@@ -429,7 +429,7 @@ async fn pieces_in_two_segments_are_two_concurrent_gets() {
     engine.close_all().await.unwrap();
 }
 
-async fn scan(vol: &Volume, len: u64, read_bytes: u64) -> u64 {
+async fn scan(vol: &std::sync::Arc<Volume>, len: u64, read_bytes: u64) -> u64 {
     let mut reads = 0;
     for off in (0..len).step_by(read_bytes as usize) {
         read_expect(vol, off, read_bytes).await;

@@ -136,6 +136,15 @@ pub struct GcArgs {
     /// How often the background collector looks for work.
     #[arg(long, default_value_t = 2_000, value_name = "MS")]
     pub gc_interval_ms: u64,
+
+    /// A large read that finds its data scattered over many segments
+    /// (a volume written randomly, read sequentially: backups, image
+    /// copies) writes what it read back contiguously, so the next read of
+    /// that range is one run. Only while the write buffer is at most a
+    /// quarter full; the old copies become garbage for GC. Costs store
+    /// writes (uploads on S3) the first time a fragmented range is read.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub gc_rewrite_reads: OnOff,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

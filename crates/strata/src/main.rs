@@ -135,6 +135,7 @@ fn gc_config(a: &GcArgs) -> anyhow::Result<GcConfig> {
         grace_ms: a.gc_grace_ms,
         interval_ms: a.gc_interval_ms,
         rate_bytes_per_sec: size_option("--gc-rate", &a.gc_rate)?,
+        rewrite_fragmented_reads: a.gc_rewrite_reads == OnOff::On,
     })
 }
 

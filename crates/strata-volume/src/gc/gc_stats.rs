@@ -16,6 +16,10 @@ pub(crate) struct GcCounters {
     pub bytes_reclaimed: AtomicU64,
     pub orphans_deleted: AtomicU64,
     pub errors: AtomicU64,
+    /// Fragmented reads whose pieces were rewritten contiguously, and the
+    /// bytes moved (`read_rewrite.rs`).
+    pub read_rewrites: AtomicU64,
+    pub bytes_rewritten_on_read: AtomicU64,
 }
 
 /// A snapshot of the counters, plus what is waiting for deletion.
@@ -29,6 +33,8 @@ pub struct GcStats {
     pub bytes_reclaimed: u64,
     pub orphans_deleted: u64,
     pub errors: u64,
+    pub read_rewrites: u64,
+    pub bytes_rewritten_on_read: u64,
     pub pending_deletions: u64,
     pub pending_bytes: u64,
 }
@@ -45,6 +51,8 @@ impl GcCounters {
             bytes_reclaimed: get(&self.bytes_reclaimed),
             orphans_deleted: get(&self.orphans_deleted),
             errors: get(&self.errors),
+            read_rewrites: get(&self.read_rewrites),
+            bytes_rewritten_on_read: get(&self.bytes_rewritten_on_read),
             pending_deletions,
             pending_bytes,
         }

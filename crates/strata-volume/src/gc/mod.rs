@@ -13,6 +13,8 @@
 //! - `piece_read.rs`: reading those pieces from the store, verified;
 //! - `repoint.rs`: copies into the open segment, each only where the map
 //!   still points exactly where the copy was read from;
+//! - `read_rewrite.rs`: what a fragmented read found, rewritten in address
+//!   order by the same rule (old volumes become contiguous again);
 //! - `pending_deletions.rs`: what a checkpoint leaves unreferenced, recorded
 //!   in the manifest, and deleted after the grace period;
 //! - `orphans.rs`: objects nothing references, found by listing;
@@ -25,6 +27,7 @@ mod live_pieces;
 mod orphans;
 mod pending_deletions;
 mod piece_read;
+mod read_rewrite;
 mod repoint;
 mod victims;
 
@@ -36,5 +39,8 @@ pub(crate) use pending_deletions::{
     add_pending, deletion_candidates, due_deletions, pending_keys, remove_deleted, Unreferenced,
 };
 pub(crate) use piece_read::read_live_data;
+pub(crate) use read_rewrite::{
+    is_fragmented, repoint_read, rewrite_cost_bytes, ReadPiece, MIN_REWRITE_READ_BYTES,
+};
 pub(crate) use repoint::repoint;
 pub(crate) use victims::{pick_victims, VictimPolicy};

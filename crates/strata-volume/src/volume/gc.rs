@@ -22,13 +22,13 @@ use std::time::Duration;
 
 use super::Volume;
 use crate::clock::now_ms;
-use crate::crash_point::crash_point;
+use crate::crash_point::{crash_point, READ_REWRITE_CRASH_POINT};
 use crate::error::VolumeError;
 use crate::format::manifest::{GcPassRecord, Manifest, ObjectKind, PendingDeletion};
 use crate::gc::{
-    deletion_candidates, due_deletions, find_orphans, in_address_order, live_pieces, pending_keys,
-    pick_victims, read_live_data, remove_deleted, repoint, GcCounters, GcPassReport, LivePiece,
-    OrphanView, VictimPolicy,
+    deletion_candidates, due_deletions, find_orphans, in_address_order, is_fragmented, live_pieces,
+    pending_keys, pick_victims, read_live_data, remove_deleted, repoint, repoint_read,
+    rewrite_cost_bytes, GcCounters, GcPassReport, LivePiece, OrphanView, ReadPiece, VictimPolicy,
 };
 use crate::objects::{fetch_segment_header, store_error};
 
@@ -82,6 +82,42 @@ impl Volume {
             }
         }
         read_live_data(&self.store, &self.names, seq, idx, pieces).await
+    }
+
+    /// After a read served `pieces` from the store into `buf`: if they are
+    /// scattered (`gc/read_rewrite.rs`), appends them contiguously to the
+    /// open segment. Only while the write buffer is at most a quarter full
+    /// (writes and compaction come first) and never waits: a read is not
+    /// slowed by more than the copy.
+    pub(crate) fn rewrite_fragmented_read(self: &Arc<Self>, pieces: &[ReadPiece], buf: &[u8]) {
+        let gc = &self.config.gc;
+        if !gc.enabled || !gc.rewrite_fragmented_reads {
+            return;
+        }
+        if !is_fragmented(buf.len() as u64, pieces)
+            || self.gc_should_stop()
+            || !self.ownership.is_valid()
+        {
+            return;
+        }
+        let cost = rewrite_cost_bytes(pieces);
+        let outcome = {
+            let mut st = self.state.lock();
+            if st.failed.is_some()
+                || st.buffered_cost_bytes + cost > self.config.write_buffer_bytes / 4
+            {
+                return;
+            }
+            let outcome = repoint_read(&mut st, pieces, buf);
+            if st.open.cost_bytes >= self.config.segment_bytes {
+                self.seal_locked(&mut st, false);
+            }
+            outcome
+        };
+        crash_point(READ_REWRITE_CRASH_POINT);
+        GcCounters::add(&self.gc.read_rewrites, 1);
+        GcCounters::add(&self.gc.bytes_rewritten_on_read, outcome.copied_bytes);
+        GcCounters::add(&self.gc.bytes_superseded, outcome.superseded_bytes);
     }
 
     /// Starts the background garbage collector (if enabled).

@@ -7,9 +7,11 @@
 //! of the client's buffer as destinations (no extra copy).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::{Allocation, Volume};
 use crate::error::VolumeError;
+use crate::gc::{ReadPiece, MIN_REWRITE_READ_BYTES};
 use crate::map::Target;
 use crate::read::{start_readahead, StoredPiece, MAX_WINDOW_PIECES};
 
@@ -25,7 +27,7 @@ impl Volume {
     /// its data and deleted it (a GET delayed past the grace period) finds
     /// the object gone: it looks the map up again and reads where the data
     /// is now.
-    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+    pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         let mut attempt = 0;
         loop {
             let mut seqs = Vec::new();
@@ -46,7 +48,7 @@ impl Volume {
     }
 
     async fn read_once(
-        &self,
+        self: &Arc<Self>,
         offset: u64,
         buf: &mut [u8],
         seqs: &mut Vec<u64>,
@@ -119,7 +121,21 @@ impl Volume {
                 dst,
             })
             .collect();
-        reader.read_pieces(&self.caches, pieces).await
+        reader.read_pieces(&self.caches, pieces).await?;
+        if buf.len() as u64 >= MIN_REWRITE_READ_BYTES {
+            let read: Vec<ReadPiece> = misses
+                .iter()
+                .map(|m| ReadPiece {
+                    volume_offset: offset + m.buf_offset as u64,
+                    seq: m.seq,
+                    segment_offset: m.segment_offset,
+                    len: m.len,
+                    buf_offset: m.buf_offset,
+                })
+                .collect();
+            self.rewrite_fragmented_read(&read, buf);
+        }
+        Ok(())
     }
 
     /// Allocation of `[offset, offset+len)` in at most `max_extents` runs.

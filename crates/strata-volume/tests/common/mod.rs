@@ -118,7 +118,7 @@ pub async fn random_op(vol: &Arc<Volume>, model: &mut [u8], rng: &mut Rng) {
     }
 }
 
-pub async fn assert_matches(vol: &Volume, model: &[u8], what: &str) {
+pub async fn assert_matches(vol: &std::sync::Arc<Volume>, model: &[u8], what: &str) {
     let mut buf = vec![0u8; MIB as usize];
     for start in (0..VOLUME_BYTES).step_by(MIB as usize) {
         vol.read(start, &mut buf).await.unwrap();
@@ -142,7 +142,7 @@ pub async fn assert_matches(vol: &Volume, model: &[u8], what: &str) {
 /// Accounting equals a recomputation, and the segments the volume counts
 /// as stored are exactly those listed (call on a closed volume: nothing
 /// moves any more).
-pub async fn assert_accounting(vol: &Volume, store: &Store, what: &str) {
+pub async fn assert_accounting(vol: &std::sync::Arc<Volume>, store: &Store, what: &str) {
     vol.verify_accounting()
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let names = strata_store::ObjectNames::new(vol.name());
