@@ -71,7 +71,7 @@ pub struct GcConfig {
     /// Copy bandwidth of compaction, bytes per second.
     pub rate_bytes_per_sec: u64,
     /// Rewrite the pieces of a fragmented large read contiguously (only
-    /// while the write buffer is at most a quarter full; `gc/read_rewrite.rs`).
+    /// while the write buffer is at most half full; `gc/read_rewrite.rs`).
     pub rewrite_fragmented_reads: bool,
 }
 

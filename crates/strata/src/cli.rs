@@ -140,9 +140,10 @@ pub struct GcArgs {
     /// A large read that finds its data scattered over many segments
     /// (a volume written randomly, read sequentially: backups, image
     /// copies) writes what it read back contiguously, so the next read of
-    /// that range is one run. Only while the write buffer is at most a
-    /// quarter full; the old copies become garbage for GC. Costs store
-    /// writes (uploads on S3) the first time a fragmented range is read.
+    /// that range is one run. Only while the write buffer is at most half
+    /// full (the read never waits for it); the old copies become garbage
+    /// for GC. Costs store writes (uploads on S3) the first time a
+    /// fragmented range is read. Needs --gc on.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub gc_rewrite_reads: OnOff,
 }

@@ -86,9 +86,9 @@ impl Volume {
 
     /// After a read served `pieces` from the store into `buf`: if they are
     /// scattered (`gc/read_rewrite.rs`), appends them contiguously to the
-    /// open segment. Only while the write buffer is at most a quarter full
-    /// (writes and compaction come first) and never waits: a read is not
-    /// slowed by more than the copy.
+    /// open segment. Only while the write buffer is at most half full (as
+    /// compaction's copies) and never waits: a read is not slowed by more
+    /// than the copy.
     pub(crate) fn rewrite_fragmented_read(self: &Arc<Self>, pieces: &[ReadPiece], buf: &[u8]) {
         let gc = &self.config.gc;
         if !gc.enabled || !gc.rewrite_fragmented_reads {
@@ -104,7 +104,7 @@ impl Volume {
         let outcome = {
             let mut st = self.state.lock();
             if st.failed.is_some()
-                || st.buffered_cost_bytes + cost > self.config.write_buffer_bytes / 4
+                || st.buffered_cost_bytes + cost > self.config.write_buffer_bytes / 2
             {
                 return;
             }
