@@ -143,9 +143,18 @@ pub struct GcArgs {
     /// that range is one run. Only while the write buffer is at most half
     /// full (the read never waits for it); the old copies become garbage
     /// for GC. Costs store writes (uploads on S3) the first time a
-    /// fragmented range is read. Needs --gc on.
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    pub gc_rewrite_reads: OnOff,
+    /// fragmented range is read. Needs --gc on. `auto`: on for the
+    /// embedded store; off for S3, where the rewrite is an upload and the
+    /// local disk cache already serves such reads.
+    #[arg(long, value_enum, default_value_t = OnOffAuto::Auto)]
+    pub gc_rewrite_reads: OnOffAuto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOffAuto {
+    On,
+    Off,
+    Auto,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

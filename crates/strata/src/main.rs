@@ -6,6 +6,9 @@ mod nbd_volume;
 mod serve;
 mod size;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -14,7 +17,7 @@ use clap::Parser;
 use strata_store::{FaultConfig, LayerConfig, RetryPolicy, Store};
 use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
 
-use crate::cli::{Cli, Command, DurabilityArg, GcArgs, OnOff, ServeArgs, VolumeCommand};
+use crate::cli::{Cli, Command, DurabilityArg, GcArgs, OnOff, OnOffAuto, ServeArgs, VolumeCommand};
 use crate::size::{format_size, size_option};
 
 fn main() -> ExitCode {
@@ -119,7 +122,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
             auto_disk_cache,
         )?;
         config.readahead_max_bytes = auto_size("--readahead", &b.readahead, remote, 8 * MIB)?;
-        config.gc = gc_config(&args.gc)?;
+        config.gc = gc_config(&args.gc, remote)?;
     }
     if let Command::Volume(VolumeCommand::Gc { gc_grace_ms, .. }) = &cli.command {
         config.gc.grace_ms = *gc_grace_ms;
@@ -127,7 +130,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
     Engine::new(store, config).context("invalid configuration")
 }
 
-fn gc_config(a: &GcArgs) -> anyhow::Result<GcConfig> {
+fn gc_config(a: &GcArgs, remote: bool) -> anyhow::Result<GcConfig> {
     Ok(GcConfig {
         enabled: a.gc == OnOff::On,
         live_threshold_percent: a.gc_live_threshold,
@@ -135,7 +138,11 @@ fn gc_config(a: &GcArgs) -> anyhow::Result<GcConfig> {
         grace_ms: a.gc_grace_ms,
         interval_ms: a.gc_interval_ms,
         rate_bytes_per_sec: size_option("--gc-rate", &a.gc_rate)?,
-        rewrite_fragmented_reads: a.gc_rewrite_reads == OnOff::On,
+        rewrite_fragmented_reads: match a.gc_rewrite_reads {
+            OnOffAuto::On => true,
+            OnOffAuto::Off => false,
+            OnOffAuto::Auto => !remote,
+        },
     })
 }
 
