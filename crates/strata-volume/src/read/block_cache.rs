@@ -248,6 +248,7 @@ impl BlockCache {
             .open(&path)
             .map_err(|e| io("open", e))?;
         lock_exclusive(&file, &path)?;
+        advise_random(&file);
         let _ = std::fs::remove_file(dir.join(OLD_FILE_NAME));
         let cache = BlockCache::with_geometry(None, path.clone(), geometry, budget_bytes);
         match cache.restore(&file) {
@@ -646,6 +647,23 @@ fn clock_victim(s: &mut Set, ways: usize) -> Option<usize> {
         }
     }
     None
+}
+
+/// Slots are placed by hash, so a block's neighbours in the file are
+/// unrelated: the kernel's read-ahead around each read only fills (and
+/// zeroes, in holes) pages nobody reads (`page_cache_ra_*` was 5% of a warm
+/// S3 randrw's profile; IOPS did not move measurably, 96-97k either way).
+/// Sequential streams have strata's own read-ahead.
+fn advise_random(file: &File) {
+    // SAFETY: posix_fadvise only operates on the descriptor, which `file`
+    // owns and keeps open for the duration of the call; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    if rc != 0 {
+        tracing::debug!(
+            error = rc,
+            "disk cache: posix_fadvise(RANDOM) refused; kernel read-ahead stays on"
+        );
+    }
 }
 
 fn lock_exclusive(file: &File, path: &Path) -> Result<(), VolumeError> {
