@@ -20,8 +20,9 @@ const VOL: u64 = 16 * MIB;
 const BLOCKS: u64 = 1024;
 const BLOCK: u64 = 4096;
 
-fn args(stats: &Path) -> Vec<String> {
-    [
+fn target(stats: &Path) -> Target {
+    let stats = stats.display().to_string();
+    Target::strata_with(&[
         "--segment-size",
         "1MiB",
         "--segment-age-ms",
@@ -32,17 +33,8 @@ fn args(stats: &Path) -> Vec<String> {
         "--stats-interval-ms",
         "100",
         "--stats-file",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([stats.display().to_string()])
-    .collect()
-}
-
-fn target(stats: &Path) -> Target {
-    let a = args(stats);
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    Target::strata_with(&a)
+        &stats,
+    ])
 }
 
 /// The byte block `i` holds.

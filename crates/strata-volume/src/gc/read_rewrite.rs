@@ -17,15 +17,13 @@
 use crate::map::Target;
 use crate::write::state::State;
 
-use super::repoint::RepointOutcome;
+use super::repoint::{append_copy, RepointOutcome, COPY_OVERHEAD_BYTES};
 
 /// Reads shorter than this are never rewritten (a random 4 KiB read cannot
 /// be fragmented, and a small one gains little).
 pub(crate) const MIN_REWRITE_READ_BYTES: u64 = 128 << 10;
 /// A read is fragmented when its stored runs average less than this.
 const MIN_AVERAGE_RUN_BYTES: u64 = 64 << 10;
-/// Bytes a copy costs in the write buffer beyond its data (entry table).
-const COPY_OVERHEAD_BYTES: u64 = 32;
 
 /// A stored piece a read returned: `len` bytes mapped at `volume_offset`,
 /// read from `segment_offset` of segment `seq`, found at `buf_offset` of the
@@ -98,16 +96,7 @@ pub(crate) fn repoint_read(st: &mut State, pieces: &[ReadPiece], buf: &[u8]) -> 
         out.superseded_bytes += p.len - kept;
     }
     for (start, len, from) in still {
-        let cost = len + COPY_OVERHEAD_BYTES;
-        let data_offset = st
-            .open
-            .push_copy(start, &buf[from..from + len as usize], cost);
-        let target = Target::Data {
-            seq: st.open.seq,
-            offset: data_offset,
-        };
-        st.map.set(start, len, Some(target));
-        st.buffered_cost_bytes += cost;
+        append_copy(st, start, &buf[from..from + len as usize]);
         out.copied_bytes += len;
     }
     out

@@ -19,7 +19,7 @@ use crate::map::Target;
 use crate::write::state::State;
 
 /// Bytes a copy costs in the write buffer beyond its data (entry table).
-const COPY_OVERHEAD_BYTES: u64 = 32;
+pub(super) const COPY_OVERHEAD_BYTES: u64 = 32;
 
 /// What a repoint did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -52,20 +52,26 @@ pub(crate) fn repoint(
         let kept: u64 = still.iter().map(|s| s.1).sum();
         out.superseded_bytes += p.len - kept;
         for &(start, len, from) in &still {
-            let bytes = &data[from..from + len as usize];
-            let cost = len + COPY_OVERHEAD_BYTES;
-            let data_offset = st.open.push_copy(start, bytes, cost);
-            let target = Target::Data {
-                seq: st.open.seq,
-                offset: data_offset,
-            };
-            st.map.set(start, len, Some(target));
-            st.buffered_cost_bytes += cost;
+            append_copy(st, start, &data[from..from + len as usize]);
             out.copied_bytes += len;
         }
         at += p.len as usize;
     }
     out
+}
+
+/// Appends `bytes`, to be mapped at `start`, to the open segment as a copy
+/// entry and points the map at them.
+pub(super) fn append_copy(st: &mut State, start: u64, bytes: &[u8]) {
+    let len = bytes.len() as u64;
+    let cost = len + COPY_OVERHEAD_BYTES;
+    let data_offset = st.open.push_copy(start, bytes, cost);
+    let target = Target::Data {
+        seq: st.open.seq,
+        offset: data_offset,
+    };
+    st.map.set(start, len, Some(target));
+    st.buffered_cost_bytes += cost;
 }
 
 #[cfg(test)]
