@@ -871,3 +871,58 @@ async fn written_data_comes_back_from_disk_after_a_restart_within_memory_budgets
     assert_within_budgets(&s);
     engine.close_all().await.unwrap();
 }
+
+/// Data this server just uploaded is read from memory until the disk
+/// cache's writer has written its blocks: a reader racing the writes never
+/// GETs what was written here (before, a read between the upload and the
+/// writer's turn went to the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_racing_uploads_never_get_data_written_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, probe) = counting_store();
+    let mut c = no_readahead(dir.path());
+    c.cache_bytes = MIB;
+    // Room for every block: no set of the cache overflows.
+    c.disk_cache_bytes = 512 * MIB;
+    let engine = Engine::new(store.clone(), c).unwrap();
+    engine.create_volume("v", VOLUME_BYTES).await.unwrap();
+    let vol = engine.open_volume("v").await.unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (vol, written) = (vol.clone(), written.clone());
+        tokio::spawn(async move {
+            let mut reads = 0u64;
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            loop {
+                let upto = written.load(Ordering::SeqCst);
+                if upto == u64::MAX {
+                    return reads;
+                }
+                if upto == 0 {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let at = (x % (upto / (4 * KIB))) * 4 * KIB;
+                read_expect(&vol, at, 4 * KIB).await;
+                reads += 1;
+            }
+        })
+    };
+    for off in (0..32 * MIB).step_by(MIB as usize) {
+        vol.write(off, &pattern_range(off, MIB), false)
+            .await
+            .unwrap();
+        written.store(off + MIB, Ordering::SeqCst);
+    }
+    // Let the last uploads and their cache writes happen under the reads.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    written.store(u64::MAX, Ordering::SeqCst);
+    let reads = reader.await.unwrap();
+    let s = engine.caches().stats();
+    assert!(reads > 1000, "too few racing reads: {reads}");
+    assert_eq!(probe.counts().data_gets, 0, "{reads} reads; {s:?}");
+    engine.close_all().await.unwrap();
+}

@@ -78,6 +78,7 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
             journal_id,
         ),
         sealed: BTreeMap::new(),
+        settling: BTreeMap::new(),
         uploaded: BTreeSet::new(),
         stored: rec.stored,
         buffered_cost_bytes: 0,

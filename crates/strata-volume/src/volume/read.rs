@@ -75,6 +75,8 @@ impl Volume {
                             dst.copy_from_slice(&st.open.data[so..so + dst.len()]);
                         } else if let Some(s) = st.sealed.get(&seq) {
                             dst.copy_from_slice(&s.data[so..so + dst.len()]);
+                        } else if let Some(data) = st.settling.get(&seq) {
+                            dst.copy_from_slice(&data[so..so + dst.len()]);
                         } else {
                             misses.push(Miss {
                                 buf_offset: at,
@@ -170,7 +172,9 @@ impl Volume {
         let st = self.state.lock();
         st.map.lookup(range.start, range.end - range.start, |p| {
             if let Some(Target::Data { seq, offset }) = p.target {
-                let in_memory = seq == st.open.seq || st.sealed.contains_key(&seq);
+                let in_memory = seq == st.open.seq
+                    || st.sealed.contains_key(&seq)
+                    || st.settling.contains_key(&seq);
                 if !in_memory && out.len() < MAX_WINDOW_PIECES {
                     out.push((seq, offset, p.len));
                 }

@@ -75,9 +75,20 @@ impl Volume {
                 .insert_index(self.uuid, sealed.seq, Arc::new(idx));
         }
         let data = sealed.data.clone();
+        let seq = sealed.seq;
+        if self.caches.disk_enabled() {
+            // Readable from memory until its blocks are on disk: between
+            // the upload (which ends `sealed`) and the writer's turn, a read
+            // would otherwise GET what this host just wrote.
+            self.state.lock().settling.insert(seq, data.clone());
+        }
         let volume = Arc::downgrade(self);
         let on_done = Box::new(move || {
-            if let (Some(buffer), Some(volume)) = (Arc::into_inner(data), volume.upgrade()) {
+            let Some(volume) = volume.upgrade() else {
+                return;
+            };
+            volume.state.lock().settling.remove(&seq);
+            if let Some(buffer) = Arc::into_inner(data) {
                 volume.recycle_buffer(buffer);
             }
         });

@@ -22,6 +22,10 @@ pub(crate) struct State {
     /// Sealed segments still in memory: uploading, or uploaded but not yet
     /// contiguous with `durable_seq`.
     pub sealed: BTreeMap<u64, Arc<SealedSegment>>,
+    /// Data of uploaded segments whose blocks the disk cache's writer has
+    /// not written yet (read from here meanwhile, not by GETs); bounded by
+    /// the writer's queue, each dropped once its batch is done.
+    pub settling: BTreeMap<u64, Arc<Vec<u8>>>,
     pub uploaded: BTreeSet<u64>,
     /// Object bytes of every segment in the store that recovery or the map
     /// may need (what garbage collection weighs live bytes against).
@@ -107,6 +111,7 @@ impl State {
             map: ExtentMap::new(),
             open: OpenSegment::new(open_seq, Vec::new(), [1; 16]),
             sealed: BTreeMap::new(),
+            settling: BTreeMap::new(),
             uploaded: BTreeSet::new(),
             stored: BTreeMap::new(),
             buffered_cost_bytes: 0,
