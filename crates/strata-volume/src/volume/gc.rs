@@ -104,6 +104,7 @@ impl Volume {
         let outcome = {
             let mut st = self.state.lock();
             if st.failed.is_some()
+                || self.closed.load(Ordering::Acquire)
                 || st.buffered_cost_bytes + cost > self.config.write_buffer_bytes / 2
             {
                 return;
