@@ -39,8 +39,6 @@ pub(crate) use pending_deletions::{
     add_pending, deletion_candidates, due_deletions, pending_keys, remove_deleted, Unreferenced,
 };
 pub(crate) use piece_read::read_live_data;
-pub(crate) use read_rewrite::{
-    is_fragmented, repoint_read, rewrite_cost_bytes, ReadPiece, MIN_REWRITE_READ_BYTES,
-};
+pub(crate) use read_rewrite::{is_fragmented, repoint_read, rewrite_cost_bytes, ReadPiece};
 pub(crate) use repoint::repoint;
 pub(crate) use victims::{pick_victims, VictimPolicy};

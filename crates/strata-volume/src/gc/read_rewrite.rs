@@ -21,7 +21,7 @@ use super::repoint::{append_copy, RepointOutcome, COPY_OVERHEAD_BYTES};
 
 /// Reads shorter than this are never rewritten (a random 4 KiB read cannot
 /// be fragmented, and a small one gains little).
-pub(crate) const MIN_REWRITE_READ_BYTES: u64 = 128 << 10;
+const MIN_REWRITE_READ_BYTES: u64 = 128 << 10;
 /// A read is fragmented when its stored runs average less than this.
 const MIN_AVERAGE_RUN_BYTES: u64 = 64 << 10;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{Allocation, Volume};
 use crate::error::VolumeError;
-use crate::gc::{ReadPiece, MIN_REWRITE_READ_BYTES};
+use crate::gc::ReadPiece;
 use crate::map::Target;
 use crate::read::{start_readahead, StoredPiece, MAX_WINDOW_PIECES};
 
@@ -61,7 +61,9 @@ impl Volume {
             });
         }
         let reader = self.reader();
-        let mut misses: Vec<Miss> = Vec::new();
+        // Stored pieces, in address order (also what a rewrite of a
+        // fragmented read moves).
+        let mut misses: Vec<ReadPiece> = Vec::new();
         {
             let st = self.state.lock();
             st.map.lookup(offset, buf.len() as u64, |p| {
@@ -78,11 +80,12 @@ impl Volume {
                         } else if let Some(data) = st.settling.get(&seq) {
                             dst.copy_from_slice(&data[so..so + dst.len()]);
                         } else {
-                            misses.push(Miss {
-                                buf_offset: at,
+                            misses.push(ReadPiece {
+                                volume_offset: p.start,
                                 seq,
                                 segment_offset: so as u64,
                                 len: p.len,
+                                buf_offset: at,
                             });
                         }
                     }
@@ -124,19 +127,7 @@ impl Volume {
             })
             .collect();
         reader.read_pieces(&self.caches, pieces).await?;
-        if buf.len() as u64 >= MIN_REWRITE_READ_BYTES {
-            let read: Vec<ReadPiece> = misses
-                .iter()
-                .map(|m| ReadPiece {
-                    volume_offset: offset + m.buf_offset as u64,
-                    seq: m.seq,
-                    segment_offset: m.segment_offset,
-                    len: m.len,
-                    buf_offset: m.buf_offset,
-                })
-                .collect();
-            self.rewrite_fragmented_read(&read, buf);
-        }
+        self.rewrite_fragmented_read(&misses, buf);
         Ok(())
     }
 
@@ -182,12 +173,4 @@ impl Volume {
         });
         out
     }
-}
-
-/// A stored piece of a read, before its destination slice is cut.
-struct Miss {
-    buf_offset: usize,
-    seq: u64,
-    segment_offset: u64,
-    len: u64,
 }
