@@ -38,6 +38,7 @@ mod shared_caches;
 mod volume_reader;
 
 pub use block_cache::DiskCacheStats;
+pub(crate) use disk_writer::OnDone;
 pub(crate) use fetch_plan::StoredPiece;
 pub(crate) use prefetch::{start_readahead, MAX_WINDOW_PIECES};
 pub use ram_cache::CacheStats;

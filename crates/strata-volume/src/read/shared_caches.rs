@@ -284,9 +284,16 @@ impl SharedCaches {
     }
 
     /// Hands the data area of a segment written on this host, now in the
-    /// store, to the disk cache's writer; `on_done` runs once the writer
-    /// lets go of it (at once when the tier is off or the queue full).
-    pub(crate) fn insert_written(&self, uuid: &[u8; 16], seq: u64, data: Bytes, on_done: OnDone) {
+    /// store, to the disk cache's writer, waiting (boundedly) for room in
+    /// its queue (`disk_writer.rs`); `on_done` runs once the writer lets go
+    /// of it (at once when the tier is off or the data is dropped).
+    pub(crate) async fn insert_written(
+        &self,
+        uuid: &[u8; 16],
+        seq: u64,
+        data: Bytes,
+        on_done: OnDone,
+    ) {
         if data.is_empty() || !self.disk.enabled() {
             on_done();
             return;
@@ -299,7 +306,8 @@ impl SharedCaches {
             written: true,
         };
         self.disk_writer
-            .submit(blocks, Some(on_done), self.background.start());
+            .submit_written(blocks, Some(on_done), self.background.start())
+            .await;
     }
 
     /// Caches the index of a segment this server uploaded.

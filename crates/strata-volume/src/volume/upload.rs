@@ -11,6 +11,7 @@ use bytes::Bytes;
 use super::{CheckpointJob, Volume};
 use crate::crash_point::crash_point;
 use crate::format::segment::{FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
+use crate::read::OnDone;
 use crate::write::open_segment::SealedSegment;
 use crate::write::segment_put::put_segment;
 
@@ -25,10 +26,13 @@ impl Volume {
         let header = Bytes::from(sealed.encode_header(&self.uuid));
         let object_bytes = header.len() as u64 + sealed.data.len() as u64;
         let path = self.names.segment(sealed.seq);
+        // Held until the disk cache's writer has room for the data (below):
+        // a writer that falls behind slows the uploads rather than lose
+        // what this host wrote.
+        let Ok(permit) = self.upload_slots.clone().acquire_owned().await else {
+            return;
+        };
         {
-            let Ok(_permit) = self.upload_slots.clone().acquire_owned().await else {
-                return;
-            };
             let data = sealed.data_bytes();
             let put = put_segment(
                 &self.store,
@@ -51,8 +55,12 @@ impl Volume {
         self.bytes_uploaded
             .fetch_add(object_bytes, Ordering::Relaxed);
         let seq = sealed.seq;
-        self.cache_uploaded(&sealed, &header);
+        let (data, on_done) = self.cache_uploaded(&sealed, &header);
         self.mark_uploaded(seq, object_bytes);
+        self.caches
+            .insert_written(&self.uuid, seq, data, on_done)
+            .await;
+        drop(permit);
         // Last holder of the buffer (the common case, unless the disk
         // cache's writer still has it): recycle it.
         if let Some(buffer) = Arc::into_inner(sealed).and_then(|s| Arc::into_inner(s.data)) {
@@ -67,9 +75,14 @@ impl Volume {
     /// goes to the RAM index cache (no header GETs to read it back) and its
     /// data to the disk cache (written after the upload, never before: a
     /// segment lost to a crash before its upload may be written again
-    /// under its sequence number with other data). The writer recycles the
-    /// buffer if it lets go of it last.
-    fn cache_uploaded(self: &Arc<Self>, sealed: &Arc<SealedSegment>, header: &[u8]) {
+    /// under its sequence number with other data). Returns the data for the
+    /// disk cache's writer and what it runs when done with it (recycles the
+    /// buffer if it lets go of it last).
+    fn cache_uploaded(
+        self: &Arc<Self>,
+        sealed: &Arc<SealedSegment>,
+        header: &[u8],
+    ) -> (Bytes, OnDone) {
         if let Some(idx) = decode_index(header, self.size_bytes) {
             self.caches
                 .insert_index(self.uuid, sealed.seq, Arc::new(idx));
@@ -92,8 +105,7 @@ impl Volume {
                 volume.recycle_buffer(buffer);
             }
         });
-        self.caches
-            .insert_written(&self.uuid, sealed.seq, sealed.data_bytes(), on_done);
+        (sealed.data_bytes(), on_done)
     }
 
     /// Records an upload; advances `durable_seq` over contiguous uploads,
