@@ -162,12 +162,14 @@ pub struct DiskCacheStats {
     pub verify_failures: u64,
     /// Failed `pread` / `pwrite` calls.
     pub io_errors: u64,
-    /// Blocks not written because the writer was behind (reads and writes
-    /// never wait for the disk cache).
+    /// Blocks not written because the writer was behind (reads and client
+    /// writes never wait for the disk cache; uploads wait a little).
     pub skipped_writes: u64,
     /// Fetched blocks not written because it was their first fetch
     /// (second-fetch admission: a scan that reads data once writes nothing).
     pub not_admitted: u64,
+    /// Blocks dropped because their segment holds no live data any more.
+    pub forgotten_blocks: u64,
     /// The tier switched itself off after a write failed (a full disk).
     pub disabled_by_error: bool,
     /// RAM taken by the index (fixed at start).
@@ -204,6 +206,7 @@ pub struct BlockCache {
     /// (hash-indexed, overwritten on collision).
     seen: Vec<AtomicU32>,
     not_admitted: AtomicU64,
+    forgotten: AtomicU64,
 }
 
 impl BlockCache {
@@ -308,6 +311,7 @@ impl BlockCache {
                 .map(|_| AtomicU32::new(0))
                 .collect(),
             not_admitted: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
         }
     }
 
@@ -495,6 +499,48 @@ impl BlockCache {
         }
     }
 
+    /// Drops the blocks `0..blocks` of segment `seq` that are cached, in
+    /// the index and in the file's directory: the segment holds no live
+    /// data any more (a checkpoint listed it for deletion), so its slots
+    /// are better spent on data that may be read. Without this, dead
+    /// segments' blocks (compaction's victims, overwritten data) filled
+    /// sets until CLOCK evicted live blocks: a warm randrw on MinIO over
+    /// 1 GiB with a 4 GiB cache saw 1,864 evictions and 1,514 misses.
+    /// Returns how many were cached.
+    pub fn forget_segment(&self, volume_key: u64, seq: u64, blocks: u32) -> u64 {
+        if !self.enabled() {
+            return 0;
+        }
+        let mut forgotten = 0;
+        for block in 0..blocks {
+            let key = BlockKey {
+                volume_key,
+                seq,
+                block,
+            };
+            let set = self.set_of(&key);
+            let mut s = self.sets[set].lock();
+            let Some(way) = (0..self.ways).find(|&w| s.valid & (1 << w) != 0 && s.keys[w] == key)
+            else {
+                continue;
+            };
+            let bit = 1u16 << way;
+            s.valid &= !bit;
+            s.referenced &= !bit;
+            s.generations[way] = s.generations[way].wrapping_add(1);
+            self.used_slots.fetch_sub(1, Ordering::Relaxed);
+            forgotten += 1;
+            // Under the set's lock: a new owner of the slot writes its
+            // entry after taking the slot, never before this.
+            if let Some(file) = &self.file {
+                let at = self.geometry.entry_offset(self.slot(set, way));
+                let _ = file.write_all_at(&CacheEntry::EMPTY, at);
+            }
+        }
+        self.forgotten.fetch_add(forgotten, Ordering::Relaxed);
+        forgotten
+    }
+
     /// Writes a block of data written on this host (its segment is in the
     /// store): blocking `pwrite`s, run by the writer thread.
     pub fn insert_written(&self, key: &BlockKey, data: &[u8]) {
@@ -605,6 +651,7 @@ impl BlockCache {
             io_errors: load(&self.io_errors),
             skipped_writes: load(&self.skipped_writes),
             not_admitted: load(&self.not_admitted),
+            forgotten_blocks: load(&self.forgotten),
             disabled_by_error: self.failed.load(Ordering::Relaxed),
             index_ram_bytes: self.index_ram_bytes(),
         }
@@ -738,6 +785,41 @@ mod tests {
             "{}",
             big.index_ram_bytes()
         );
+    }
+
+    #[test]
+    fn a_dead_segments_blocks_are_forgotten_and_stay_so_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 256 * BLOCK_BYTES;
+        let c = BlockCache::open(dir.path(), budget).unwrap();
+        let other = |block| BlockKey {
+            volume_key: 1,
+            seq: 8,
+            block,
+        };
+        for i in 0..40u32 {
+            c.insert_written(&key(i), &vec![1; B]);
+            c.insert_written(&other(i), &vec![2; B]);
+        }
+        let cached = |c: &BlockCache, k: &dyn Fn(u32) -> BlockKey| {
+            (0..40).filter(|&i| c.lookup(&k(i)).is_some()).count() as u64
+        };
+        let (of_7, of_8) = (cached(&c, &key), cached(&c, &other));
+        assert!(of_7 > 30 && of_8 > 30, "{of_7} {of_8}");
+        let used = c.stats().used_bytes;
+        assert_eq!(c.forget_segment(1, 7, 64), of_7);
+        assert_eq!(cached(&c, &key), 0);
+        assert_eq!(cached(&c, &other), of_8);
+        let s = c.stats();
+        assert_eq!(s.forgotten_blocks, of_7);
+        assert_eq!(s.used_bytes, used - of_7 * BLOCK_BYTES);
+        drop(c);
+        let c = BlockCache::open(dir.path(), budget).unwrap();
+        assert_eq!(c.stats().restored_blocks, of_8);
+        assert_eq!(cached(&c, &key), 0);
+        assert_eq!(cached(&c, &other), of_8);
+        let one = (0..40).find(|&i| c.lookup(&other(i)).is_some()).unwrap();
+        assert_eq!(get(&c, &other(one)).unwrap(), vec![2; B]);
     }
 
     #[test]

@@ -135,6 +135,18 @@ impl<K: Hash + Eq + Clone, V: Clone> ClockCache<K, V> {
         self.insertions.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Drops `key`'s entry, if any (not counted as an eviction).
+    pub fn remove(&self, key: &K) {
+        let mut inner = self.inner.lock();
+        let Some(i) = inner.map.remove(key) else {
+            return;
+        };
+        if let Some(slot) = inner.slots[i].take() {
+            inner.used_bytes -= slot.cost_bytes;
+            inner.free.push(i);
+        }
+    }
+
     /// Evicts the first unreferenced entry from the hand on, clearing
     /// referenced bits on the way (two sweeps find one; the caller checked
     /// that the cache is not empty).

@@ -310,6 +310,18 @@ impl SharedCaches {
             .await;
     }
 
+    /// Drops what the caches hold of segments that hold no live data any
+    /// more (`(seq, object bytes)`, as a checkpoint lists them for
+    /// deletion): their disk-cache blocks and their RAM index.
+    pub(crate) fn forget_segments(&self, uuid: &[u8; 16], segments: &[(u64, u64)]) {
+        for &(seq, object_bytes) in segments {
+            self.indexes.remove(&(*uuid, seq));
+            // The object's size bounds its data area's blocks.
+            let blocks = u32::try_from(object_bytes.div_ceil(BLOCK_BYTES)).unwrap_or(u32::MAX);
+            self.disk.forget_segment(volume_key(uuid), seq, blocks);
+        }
+    }
+
     /// Caches the index of a segment this server uploaded.
     pub(crate) fn insert_index(&self, uuid: [u8; 16], seq: u64, idx: Arc<SegmentIndex>) {
         self.indexes

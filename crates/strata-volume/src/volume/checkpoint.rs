@@ -87,6 +87,10 @@ impl Volume {
         }
         if !job.unreferenced.segments.is_empty() {
             crash_point("gc.after_checkpoint");
+            // Dead for good (the map never points back into a segment), so
+            // nothing cached of them will be read again.
+            self.caches
+                .forget_segments(&self.uuid, &job.unreferenced.segments);
         }
         {
             let mut st = self.state.lock();
