@@ -166,3 +166,78 @@ async fn wrong_credentials_and_missing_buckets_are_clear_errors() {
         .to_string();
     assert!(err.contains("NoSuchBucket") || err.contains("404"), "{err}");
 }
+
+/// The `x-amz-content-sha256` header of the first PUT a store configured
+/// with `params` sends to a loopback listener that answers every request
+/// with a 400 (what goes on the wire, not what the config says).
+async fn content_sha256_sent(params: &str) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                if let Some((name, value)) = line.split_once(':') {
+                    if name.eq_ignore_ascii_case("x-amz-content-sha256") {
+                        let _ = tx.send(value.trim().to_string());
+                    }
+                }
+                line.clear();
+            }
+            let body = "<Error><Code>InvalidRequest</Code></Error>";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 400 Bad Request\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let env: HashMap<String, String> = [
+        ("AWS_ACCESS_KEY_ID", "k"),
+        ("AWS_SECRET_ACCESS_KEY", "s"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let lookup = |k: &str| env.get(k).cloned();
+    let url = format!("s3://bucket/t?endpoint=http://127.0.0.1:{port}{params}");
+    let store = Store::s3(&url, &lookup, &LayerConfig::default())
+        .await
+        .unwrap();
+    let _ = store
+        .put_opts(&Path::from("x"), payload("data"), Default::default())
+        .await;
+    rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap()
+}
+
+#[tokio::test]
+async fn payload_signing_is_on_over_plain_http_unless_turned_off() {
+    let signed = content_sha256_sent("").await;
+    assert!(
+        signed.len() == 64 && signed.bytes().all(|b| b.is_ascii_hexdigit()),
+        "plain HTTP signs the payload by default: {signed}"
+    );
+    assert_eq!(
+        content_sha256_sent("&payload=unsigned").await,
+        "UNSIGNED-PAYLOAD"
+    );
+    assert_eq!(content_sha256_sent("&payload=signed").await, signed);
+    // MinIO takes both (over TLS, `auto` is unsigned: the TLS test's PUTs).
+    let minio = MinioServer::shared();
+    let bucket = minio.fresh_bucket();
+    let data = Bytes::from(vec![7u8; 1 << 20]);
+    for params in ["?payload=unsigned", "?payload=signed"] {
+        let store = store_on(minio, &bucket, params).await;
+        let p = Path::from(format!("big{params}"));
+        store
+            .put_opts(&p, PutPayload::from(data.clone()), Default::default())
+            .await
+            .unwrap();
+        assert_eq!(store.get_range(&p, 0..(1 << 20)).await.unwrap(), data);
+    }
+}

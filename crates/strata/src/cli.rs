@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "strata", version, propagate_version = true)]
 pub struct Cli {
     /// Where volumes are stored: a directory path, file:///path,
-    /// s3://BUCKET[/PREFIX][?endpoint=URL&region=R&addressing=path|virtual&http=auto|1.1|2]
+    /// s3://BUCKET[/PREFIX][?endpoint=URL&region=R&addressing=path|virtual&http=auto|1.1|2&payload=auto|signed|unsigned]
     /// (any S3-compatible service), or memory:// (gone at exit).
     /// Default: <data-dir>/store. S3 credentials come from
     /// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials

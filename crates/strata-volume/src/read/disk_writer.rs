@@ -256,7 +256,9 @@ mod tests {
                 written,
             };
             if written {
-                writer.submit_written(blocks, None, background.start()).await;
+                writer
+                    .submit_written(blocks, None, background.start())
+                    .await;
             } else {
                 writer.submit(blocks, None, background.start());
             }
@@ -273,7 +275,10 @@ mod tests {
         let blocks_per_segment = (16 << 20) / BLOCK_BYTES;
         assert_eq!(burst(true, 16).await, (16 * blocks_per_segment, 0));
         let (cached, skipped) = burst(false, 16).await;
-        assert!(skipped > 0, "a burst of fetched data beyond the budget is dropped");
+        assert!(
+            skipped > 0,
+            "a burst of fetched data beyond the budget is dropped"
+        );
         assert_eq!(cached + skipped, 16 * blocks_per_segment);
     }
 }
