@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::fetch_plan::{RunBytes, SegmentChunks};
+use super::fetch_plan::{RunBytes, SegmentChunks, StoredPiece};
 use crate::format::segment::CHUNK_BYTES;
 
 struct Run {
@@ -86,6 +86,46 @@ impl PrefetchedRuns {
         self.hits.fetch_add(taken, Ordering::Relaxed);
     }
 
+    /// Copies every piece (of segment `seq`) that one kept run holds whole
+    /// straight into its buffer: one copy, no per-chunk lookups (a 1 MiB
+    /// sequential read is 256 chunks: a RAM-cache probe, a slice and a
+    /// refcount each on the general path). Returns the pieces it did not
+    /// serve, in order.
+    pub(crate) fn serve<'a>(
+        &self,
+        uuid: &[u8; 16],
+        seq: u64,
+        pieces: Vec<StoredPiece<'a>>,
+    ) -> Vec<StoredPiece<'a>> {
+        if self.budget_bytes == 0 {
+            return pieces;
+        }
+        let g = self.runs.lock();
+        let mut rest = Vec::new();
+        let mut taken = 0;
+        for p in pieces {
+            let end = p.offset + p.dst.len() as u64;
+            let holder = g.0.iter().rev().find(|r| {
+                let start = r.run.first_chunk * CHUNK_BYTES;
+                r.seq == seq
+                    && r.uuid == *uuid
+                    && start <= p.offset
+                    && end <= start + r.run.bytes.len() as u64
+            });
+            match holder {
+                Some(r) => {
+                    let at = (p.offset - r.run.first_chunk * CHUNK_BYTES) as usize;
+                    p.dst.copy_from_slice(&r.run.bytes[at..at + p.dst.len()]);
+                    taken += (end - 1) / CHUNK_BYTES - p.offset / CHUNK_BYTES + 1;
+                }
+                None => rest.push(p),
+            }
+        }
+        drop(g);
+        self.hits.fetch_add(taken, Ordering::Relaxed);
+        rest
+    }
+
     /// For each of the sorted chunk `numbers` of segment `seq`, whether a
     /// kept run holds it.
     pub(crate) fn covered(&self, uuid: &[u8; 16], seq: u64, numbers: &[u64]) -> Vec<bool> {
@@ -143,5 +183,45 @@ mod tests {
             vec![false, true, true]
         );
         assert!(p.used_bytes() <= 3 * CHUNK_BYTES);
+    }
+
+    #[test]
+    fn serves_whole_pieces_from_one_run_and_returns_the_rest() {
+        let p = PrefetchedRuns::new(64 * CHUNK_BYTES);
+        let bytes: Vec<u8> = (0..8 * CHUNK_BYTES).map(|i| (i % 251) as u8).collect();
+        let run = RunBytes {
+            first_chunk: 2,
+            bytes: Bytes::from(bytes.clone()),
+        };
+        p.insert([1; 16], 5, run);
+        let base = 2 * CHUNK_BYTES;
+        let end = base + 8 * CHUNK_BYTES;
+        let (mut a, mut b, mut c) = (vec![0u8; 5000], vec![0u8; 10], vec![0u8; 8]);
+        fn piece(offset: u64, dst: &mut [u8]) -> StoredPiece<'_> {
+            StoredPiece {
+                seq: 5,
+                offset,
+                dst,
+            }
+        }
+        // The second runs past the run's end: not served.
+        let pieces = vec![
+            piece(base + 100, &mut a),
+            piece(end - 5, &mut b),
+            piece(end - 8, &mut c),
+        ];
+        let rest = p.serve(&[1; 16], 5, pieces);
+        let left: Vec<(u64, usize)> = rest.iter().map(|r| (r.offset, r.dst.len())).collect();
+        assert_eq!(left, [(end - 5, 10)]);
+        drop(rest);
+        assert_eq!(a, bytes[100..5100]);
+        assert_eq!(c, bytes[bytes.len() - 8..]);
+        assert_eq!(b, [0u8; 10]);
+        assert_eq!(p.hits.load(Ordering::Relaxed), 2 + 1);
+        // Another volume's or segment's pieces are never served from it.
+        let mut d = vec![0u8; 4];
+        assert_eq!(p.serve(&[2; 16], 5, vec![piece(base, &mut d)]).len(), 1);
+        let mut e = vec![0u8; 4];
+        assert_eq!(p.serve(&[1; 16], 6, vec![piece(base, &mut e)]).len(), 1);
     }
 }

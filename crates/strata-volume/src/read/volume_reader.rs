@@ -101,6 +101,12 @@ impl VolumeReader {
         for p in &pieces {
             self.check_piece(&idx, seq, p)?;
         }
+        // A sequential reader's pieces are in a run read-ahead kept: one
+        // copy each, straight into the client's buffer.
+        pieces = caches.prefetched.serve(&self.uuid, seq, pieces);
+        if pieces.is_empty() {
+            return Ok(());
+        }
         // Pieces whose blocks are all in the disk cache are read straight
         // from it into the client's buffer (`disk_fill.rs`).
         if caches.disk_enabled() {
