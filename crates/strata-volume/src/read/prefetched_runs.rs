@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::fetch_plan::{RunBytes, SegmentChunks, StoredPiece};
@@ -100,28 +101,40 @@ impl PrefetchedRuns {
         if self.budget_bytes == 0 {
             return pieces;
         }
-        let g = self.runs.lock();
+        // Slices under the lock (a refcount each), copies after it: other
+        // readers do not wait for this one's memcpy.
+        let found: Vec<Option<Bytes>> = {
+            let g = self.runs.lock();
+            pieces
+                .iter()
+                .map(|p| {
+                    let end = p.offset + p.dst.len() as u64;
+                    g.0.iter().rev().find_map(|r| {
+                        let start = r.run.first_chunk * CHUNK_BYTES;
+                        let holds = r.seq == seq
+                            && r.uuid == *uuid
+                            && start <= p.offset
+                            && end <= start + r.run.bytes.len() as u64;
+                        holds.then(|| {
+                            let at = (p.offset - start) as usize;
+                            r.run.bytes.slice(at..at + p.dst.len())
+                        })
+                    })
+                })
+                .collect()
+        };
         let mut rest = Vec::new();
         let mut taken = 0;
-        for p in pieces {
-            let end = p.offset + p.dst.len() as u64;
-            let holder = g.0.iter().rev().find(|r| {
-                let start = r.run.first_chunk * CHUNK_BYTES;
-                r.seq == seq
-                    && r.uuid == *uuid
-                    && start <= p.offset
-                    && end <= start + r.run.bytes.len() as u64
-            });
-            match holder {
-                Some(r) => {
-                    let at = (p.offset - r.run.first_chunk * CHUNK_BYTES) as usize;
-                    p.dst.copy_from_slice(&r.run.bytes[at..at + p.dst.len()]);
+        for (p, bytes) in pieces.into_iter().zip(found) {
+            match bytes {
+                Some(bytes) => {
+                    p.dst.copy_from_slice(&bytes);
+                    let end = p.offset + p.dst.len() as u64;
                     taken += (end - 1) / CHUNK_BYTES - p.offset / CHUNK_BYTES + 1;
                 }
                 None => rest.push(p),
             }
         }
-        drop(g);
         self.hits.fetch_add(taken, Ordering::Relaxed);
         rest
     }
