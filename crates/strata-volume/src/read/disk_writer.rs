@@ -270,6 +270,68 @@ mod tests {
         (s.used_bytes / BLOCK_BYTES, s.skipped_writes)
     }
 
+    /// A writer that makes no progress (its thread stuck) costs one wait
+    /// of `MAX_WRITTEN_WAIT_MS`, then written data is dropped at once
+    /// (counted) until the queue empties; after that, it waits again.
+    #[tokio::test]
+    async fn a_stuck_writer_costs_one_wait_then_drops_until_it_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = Arc::new(BlockCache::open(dir.path(), 1 << 30).unwrap());
+        let writer = DiskWriter::new(disk.clone());
+        let background = Arc::new(Background::default());
+        let segment = |seq| Blocks {
+            volume_key: 1,
+            seq,
+            first_block: 0,
+            bytes: Bytes::from(vec![7u8; (MAX_QUEUED_BYTES / 2) as usize]),
+            written: true,
+        };
+        // The first batch's callback holds the writer thread.
+        let (unblock, blocked) = std::sync::mpsc::channel::<()>();
+        let hold: OnDone = Box::new(move || {
+            let _ = blocked.recv();
+        });
+        writer
+            .submit_written(segment(0), Some(hold), background.start())
+            .await;
+        writer
+            .submit_written(segment(1), None, background.start())
+            .await;
+        let t = std::time::Instant::now();
+        writer
+            .submit_written(segment(2), None, background.start())
+            .await;
+        let waited = t.elapsed();
+        assert!(
+            waited >= std::time::Duration::from_millis(MAX_WRITTEN_WAIT_MS),
+            "{waited:?}"
+        );
+        let t = std::time::Instant::now();
+        writer
+            .submit_written(segment(3), None, background.start())
+            .await;
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(500),
+            "behind: no second wait"
+        );
+        let per_segment = MAX_QUEUED_BYTES / 2 / BLOCK_BYTES;
+        assert_eq!(disk.stats().skipped_writes, 2 * per_segment);
+        unblock.send(()).unwrap();
+        while background.pending.load(Ordering::Acquire) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // Caught up: data is cached again.
+        writer
+            .submit_written(segment(4), None, background.start())
+            .await;
+        while background.pending.load(Ordering::Acquire) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let s = disk.stats();
+        assert_eq!(s.skipped_writes, 2 * per_segment);
+        assert_eq!(s.written_insertions, 3 * per_segment, "{s:?}");
+    }
+
     #[tokio::test]
     async fn data_written_here_waits_for_room_and_fetched_data_is_dropped() {
         let blocks_per_segment = (16 << 20) / BLOCK_BYTES;
