@@ -21,6 +21,19 @@ impl Background {
         self.pending.fetch_add(1, Ordering::AcqRel);
         BackgroundJob(self.clone())
     }
+
+    /// Waits until no unit of work is in progress.
+    pub(crate) async fn settle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.pending.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
 }
 
 impl Drop for BackgroundJob {

@@ -488,14 +488,22 @@ impl BlockCache {
         let bit = 1u16 << hit.way;
         if s.generations[hit.way] == hit.generation && s.valid & bit != 0 && s.keys[hit.way] == *key
         {
-            s.valid &= !bit;
-            s.referenced &= !bit;
-            s.generations[hit.way] = s.generations[hit.way].wrapping_add(1);
-            self.used_slots.fetch_sub(1, Ordering::Relaxed);
-            if let Some(file) = &self.file {
-                let at = self.geometry.entry_offset(self.slot(hit.set, hit.way));
-                let _ = file.write_all_at(&CacheEntry::EMPTY, at);
-            }
+            self.free_slot(&mut s, hit.set, hit.way);
+        }
+    }
+
+    /// Empties valid slot `way` of set `set` (locked as `s`), in the index
+    /// and in the file's directory. Under the set's lock: a new owner of
+    /// the slot writes its entry after taking it, never before this.
+    fn free_slot(&self, s: &mut Set, set: usize, way: usize) {
+        let bit = 1u16 << way;
+        s.valid &= !bit;
+        s.referenced &= !bit;
+        s.generations[way] = s.generations[way].wrapping_add(1);
+        self.used_slots.fetch_sub(1, Ordering::Relaxed);
+        if let Some(file) = &self.file {
+            let at = self.geometry.entry_offset(self.slot(set, way));
+            let _ = file.write_all_at(&CacheEntry::EMPTY, at);
         }
     }
 
@@ -524,18 +532,8 @@ impl BlockCache {
             else {
                 continue;
             };
-            let bit = 1u16 << way;
-            s.valid &= !bit;
-            s.referenced &= !bit;
-            s.generations[way] = s.generations[way].wrapping_add(1);
-            self.used_slots.fetch_sub(1, Ordering::Relaxed);
+            self.free_slot(&mut s, set, way);
             forgotten += 1;
-            // Under the set's lock: a new owner of the slot writes its
-            // entry after taking the slot, never before this.
-            if let Some(file) = &self.file {
-                let at = self.geometry.entry_offset(self.slot(set, way));
-                let _ = file.write_all_at(&CacheEntry::EMPTY, at);
-            }
         }
         self.forgotten.fetch_add(forgotten, Ordering::Relaxed);
         forgotten

@@ -263,9 +263,7 @@ mod tests {
                 writer.submit(blocks, None, background.start());
             }
         }
-        while background.pending.load(Ordering::Acquire) > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        background.settle().await;
         let s = disk.stats();
         (s.used_bytes / BLOCK_BYTES, s.skipped_writes)
     }
@@ -317,16 +315,12 @@ mod tests {
         let per_segment = MAX_QUEUED_BYTES / 2 / BLOCK_BYTES;
         assert_eq!(disk.stats().skipped_writes, 2 * per_segment);
         unblock.send(()).unwrap();
-        while background.pending.load(Ordering::Acquire) > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        background.settle().await;
         // Caught up: data is cached again.
         writer
             .submit_written(segment(4), None, background.start())
             .await;
-        while background.pending.load(Ordering::Acquire) > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        background.settle().await;
         let s = disk.stats();
         assert_eq!(s.skipped_writes, 2 * per_segment);
         assert_eq!(s.written_insertions, 3 * per_segment, "{s:?}");

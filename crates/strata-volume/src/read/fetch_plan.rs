@@ -26,6 +26,14 @@ pub(crate) struct RunBytes {
 }
 
 impl RunBytes {
+    /// The `len` bytes at segment offset `offset`, if the run holds them all.
+    pub fn bytes_at(&self, offset: u64, len: usize) -> Option<Bytes> {
+        let at = offset.checked_sub(self.first_chunk * CHUNK_BYTES)?;
+        let at = usize::try_from(at).ok()?;
+        let end = at.checked_add(len).filter(|&e| e <= self.bytes.len())?;
+        Some(self.bytes.slice(at..end))
+    }
+
     pub fn chunk(&self, chunk: u64) -> Option<Bytes> {
         let at = chunk.checked_sub(self.first_chunk)? * CHUNK_BYTES;
         let at = usize::try_from(at).ok()?;

@@ -105,22 +105,10 @@ impl PrefetchedRuns {
         // readers do not wait for this one's memcpy.
         let found: Vec<Option<Bytes>> = {
             let g = self.runs.lock();
+            let runs = || g.0.iter().rev().filter(|r| r.seq == seq && r.uuid == *uuid);
             pieces
                 .iter()
-                .map(|p| {
-                    let end = p.offset + p.dst.len() as u64;
-                    g.0.iter().rev().find_map(|r| {
-                        let start = r.run.first_chunk * CHUNK_BYTES;
-                        let holds = r.seq == seq
-                            && r.uuid == *uuid
-                            && start <= p.offset
-                            && end <= start + r.run.bytes.len() as u64;
-                        holds.then(|| {
-                            let at = (p.offset - start) as usize;
-                            r.run.bytes.slice(at..at + p.dst.len())
-                        })
-                    })
-                })
+                .map(|p| runs().find_map(|r| r.run.bytes_at(p.offset, p.dst.len())))
                 .collect()
         };
         let mut rest = Vec::new();

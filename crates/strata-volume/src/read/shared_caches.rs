@@ -148,15 +148,7 @@ impl SharedCaches {
     /// windows, disk-tier writes) has finished: for tests and benchmarks
     /// that compare counters, and for an orderly shutdown.
     pub async fn settle(&self) {
-        loop {
-            let idle = self.background.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if self.background.pending.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            idle.await;
-        }
+        self.background.settle().await;
     }
 
     /// The read state of volume `name` (instance `uuid`), created on its
