@@ -17,6 +17,18 @@ pub const GC_CRASH_POINTS: &[&str] = &[
     "gc.after_deletions",
 ];
 
+/// Crash points of snapshot operations (`volume/snapshot.rs`): for a
+/// create and a rollback, once the seal point's checkpoint is stored but
+/// before the manifest write that names it (with the snapshot or the
+/// rollback), and after that write; for a delete, after its one write.
+pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
+    "snapshot.before_manifest",
+    "snapshot.after_create",
+    "snapshot.after_delete",
+    "rollback.before_manifest",
+    "rollback.after_manifest",
+];
+
 /// Right after a fragmented read's pieces were repointed to the open
 /// segment, before that segment is stored (`gc/read_rewrite.rs`).
 pub const READ_REWRITE_CRASH_POINT: &str = "gc.after_read_rewrite";

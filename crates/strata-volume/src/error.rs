@@ -8,6 +8,10 @@ pub enum VolumeError {
     NotFound(String),
     #[error("volume {0:?} already exists")]
     AlreadyExists(String),
+    #[error(
+        "volume {volume:?} has no snapshot {snapshot:?} (see `strata snapshot list {volume}`)"
+    )]
+    SnapshotNotFound { volume: String, snapshot: String },
     #[error("invalid argument: {0}")]
     Invalid(String),
     #[error("range {offset}+{len} is beyond the end of the volume ({size} bytes)")]
@@ -37,6 +41,9 @@ pub enum VolumeError {
     Closed(String),
     #[error("volume {name:?} stopped accepting writes: {detail}")]
     Failed { name: String, detail: String },
+    /// An administrative operation (snapshot, rollback) did not happen.
+    #[error("volume {name:?}: {detail}")]
+    NotDone { name: String, detail: String },
 }
 
 impl VolumeError {
@@ -44,7 +51,7 @@ impl VolumeError {
     pub fn io_kind(&self) -> std::io::ErrorKind {
         use std::io::ErrorKind;
         match self {
-            VolumeError::NotFound(_) => ErrorKind::NotFound,
+            VolumeError::NotFound(_) | VolumeError::SnapshotNotFound { .. } => ErrorKind::NotFound,
             VolumeError::Invalid(_) => ErrorKind::InvalidInput,
             VolumeError::OutOfRange { .. } => ErrorKind::InvalidInput,
             VolumeError::Busy(_) => ErrorKind::ResourceBusy,

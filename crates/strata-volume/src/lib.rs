@@ -11,11 +11,13 @@
 //! (`scripts/check-layout` enforces it):
 //!
 //! ```text
-//! engine.rs      the volumes of a store: open once, create, list, info, delete
+//! engine/        the volumes of a store: open once, create, list, info, delete;
+//!                snapshots by name (`engine/snapshots.rs`)
 //! volume/        the `Volume` type; sequences the folders below for one volume
 //! gc/            garbage collection: victims, copies, deletions, orphans
 //! recovery/      rebuilding a volume's state from store and journal
 //! write/         journal + group commit, open segment, state, segment PUTs
+//! snapshot/      snapshots: what they keep from GC, their names, read-only views
 //! read/          the read path: RAM and disk tiers, fetches, read-ahead
 //! ownership/     one writer per volume: local lock, lease, epoch, manifest writes
 //! objects/       typed reads of a volume's objects; store error mapping
@@ -37,6 +39,7 @@ mod objects;
 mod ownership;
 mod read;
 mod recovery;
+mod snapshot;
 mod volume;
 mod write;
 
@@ -44,14 +47,15 @@ pub use config::{
     auto_disk_cache_bytes, Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS,
     MIN_LEASE_TTL_MS,
 };
-pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT};
+pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS};
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
-pub use format::manifest::{GcPassRecord, Manifest};
+pub use format::manifest::{GcPassRecord, Manifest, RollbackRecord, SnapshotRecord};
 pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
 pub use read::{
     CacheStats, DiskCacheStats, ReadAheadStats, ReadPathStats, SharedCaches, StoreReadStats,
 };
+pub use snapshot::{split_export_name, ExportName, SnapshotView};
 pub use volume::{Allocation, Volume, VolumeStats};
 pub use write::state::SpaceUsage;

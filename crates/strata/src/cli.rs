@@ -51,6 +51,11 @@ pub enum Command {
     /// Create, list, inspect and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Snapshots: a volume as it was at one moment, kept until deleted,
+    /// served read-only as export VOL@NAME. Taken in constant time (no
+    /// data is copied); garbage collection keeps what they need.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Serve every volume of the store over NBD (export name = volume name).
     Serve(Box<ServeArgs>),
 }
@@ -99,6 +104,42 @@ pub enum VolumeCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a snapshot of every write acknowledged so far. On a volume
+    /// served by the strata server on this host, that server takes it
+    /// (through <data-dir>/control.sock) without stopping its clients; a
+    /// volume nobody serves is opened here for the moment it takes.
+    Create {
+        /// VOLUME@SNAPSHOT; snapshot names are letters, digits, '.', '_',
+        /// '-' (at most 64).
+        target: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a volume's snapshots, oldest first.
+    List {
+        volume: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot. The space only it kept is reclaimed by the next
+    /// garbage collection passes.
+    Delete {
+        /// VOLUME@SNAPSHOT
+        target: String,
+    },
+    /// Make a volume what it was when the snapshot was taken, dropping
+    /// every write since (the snapshot stays). Refused while any server
+    /// serves the volume: stop serving it first.
+    Rollback {
+        /// VOLUME@SNAPSHOT
+        target: String,
     },
 }
 

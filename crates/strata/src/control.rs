@@ -1,5 +1,5 @@
-//! The control socket: how `strata volume gc` (and `info`) reach the
-//! server that holds a volume on this host.
+//! The control socket: how `strata volume gc`, `info` and `snapshot
+//! create`/`delete` reach the server that holds a volume on this host.
 //!
 //! `strata serve` listens on `<data-dir>/control.sock` (mode 0600: only
 //! the user running the server may ask). Protocol: one JSON request line,
@@ -8,6 +8,8 @@
 //! ```text
 //! {"op":"gc","volume":"vm1","wait":true}  -> {"ok":{...GcPassReport...}}
 //! {"op":"stats","volume":"vm1"}           -> {"ok":{...VolumeStats...}}
+//! {"op":"snapshot_create","volume":"vm1","snapshot":"s"} -> {"ok":{...SnapshotRecord...}}
+//! {"op":"snapshot_delete","volume":"vm1","snapshot":"s"} -> {"ok":null}
 //! any error                               -> {"error":"...","not_served":bool}
 //! ```
 //! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
@@ -31,6 +33,8 @@ const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 pub enum Request {
     Gc { volume: String, wait: bool },
     Stats { volume: String },
+    SnapshotCreate { volume: String, snapshot: String },
+    SnapshotDelete { volume: String, snapshot: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -107,9 +111,12 @@ async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {
 
 async fn answer(engine: &Engine, req: Request) -> Reply {
     let volume = match &req {
-        Request::Gc { volume, .. } | Request::Stats { volume } => volume.clone(),
+        Request::Gc { volume, .. }
+        | Request::Stats { volume }
+        | Request::SnapshotCreate { volume, .. }
+        | Request::SnapshotDelete { volume, .. } => volume.clone(),
     };
-    let Some(vol) = engine.served(&volume) else {
+    let Some(vol) = engine.served_or_opening(&volume).await else {
         return Reply::Error {
             error: format!("this server does not have volume {volume:?} open"),
             not_served: true,
@@ -122,6 +129,17 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
             .map_err(anyhow::Error::from)
             .and_then(|r| Ok(serde_json::to_value(r)?)),
         Request::Stats { .. } => serde_json::to_value(vol.stats()).map_err(anyhow::Error::from),
+        Request::SnapshotCreate { snapshot, .. } => vol
+            .create_snapshot(&snapshot)
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| Ok(serde_json::to_value(r)?)),
+        Request::SnapshotDelete { snapshot, .. } => {
+            let deleted = engine.delete_snapshot(&volume, &snapshot).await;
+            deleted
+                .map(|()| serde_json::Value::Null)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(v) => Reply::Ok(v),
@@ -130,6 +148,34 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
             not_served: false,
         },
     }
+}
+
+/// Runs `req` on the server on this host that has `volume` open. `Some`:
+/// it did, with its answer. `None`: no server here has it open and no
+/// other server holds it, so the caller runs the operation itself. An
+/// error when it failed there, or when another server holds the volume
+/// (`what` is what the user asked for, `command` the command to run on
+/// the host that serves it).
+pub async fn on_serving_server(
+    engine: &Engine,
+    volume: &str,
+    req: &Request,
+    what: &str,
+    command: &str,
+) -> anyhow::Result<Option<serde_json::Value>> {
+    match ask(&engine.config().data_dir, req).await? {
+        Some(Reply::Ok(v)) => return Ok(Some(v)),
+        Some(Reply::Error {
+            error,
+            not_served: false,
+        }) => anyhow::bail!("the server on this host could not {what}: {error}"),
+        Some(Reply::Error { .. }) | None => {}
+    }
+    let info = engine.volume_info_with(volume, false).await?;
+    if let Some(holder) = info.served_by {
+        anyhow::bail!("volume {volume:?} is being served by {holder}: run `{command}` on that host (with its --data-dir), where the serving server does it");
+    }
+    Ok(None)
 }
 
 /// Sends `req` to the server on this data directory. `Ok(None)`: no server

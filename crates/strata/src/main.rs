@@ -5,6 +5,7 @@ mod control;
 mod nbd_volume;
 mod serve;
 mod size;
+mod snapshot_cmd;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -160,6 +161,7 @@ fn auto_size(option: &str, value: &str, remote: bool, remote_default: u64) -> an
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Volume(cmd) => volume_command(&engine(&cli, None).await?, cmd).await,
+        Command::Snapshot(cmd) => snapshot_cmd::run(&engine(&cli, None).await?, cmd).await,
         Command::Serve(args) => serve::serve(engine(&cli, Some(args)).await?, args).await,
     }
 }
@@ -227,6 +229,7 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                     v.served_by.as_deref().unwrap_or("nobody")
                 );
                 print_space_info(&v);
+                print_history_info(&v);
             }
         }
         VolumeCommand::Delete { name } => {
@@ -298,6 +301,23 @@ fn print_space_info(v: &strata_volume::VolumeInfo) {
     }
 }
 
+/// The snapshot lines of `volume info`.
+fn print_history_info(v: &strata_volume::VolumeInfo) {
+    let names: Vec<&str> = v.snapshots.iter().map(|s| s.name.as_str()).collect();
+    match names.len() {
+        0 => println!("snapshots:   none"),
+        n => println!("snapshots:   {n} ({})", names.join(", ")),
+    }
+    if let Some(r) = &v.last_rollback {
+        println!(
+            "rollback:    to snapshot {} {} s ago (checkpoint {})",
+            r.snapshot,
+            now_unix_ms().saturating_sub(r.unix_ms) / 1000,
+            r.checkpoint_seq
+        );
+    }
+}
+
 fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -314,19 +334,12 @@ async fn gc_command(engine: &Engine, name: &str, wait: bool) -> anyhow::Result<G
         volume: name.to_string(),
         wait,
     };
-    match control::ask(&engine.config().data_dir, &req).await? {
-        Some(control::Reply::Ok(v)) => return Ok(serde_json::from_value(v)?),
-        Some(control::Reply::Error {
-            error,
-            not_served: false,
-        }) => bail!("the server on this host could not collect garbage of {name:?}: {error}"),
-        Some(control::Reply::Error { .. }) | None => {}
+    let what = format!("collect garbage of {name:?}");
+    let command = format!("strata volume gc {name}");
+    match control::on_serving_server(engine, name, &req, &what, &command).await? {
+        Some(v) => Ok(serde_json::from_value(v)?),
+        None => Ok(engine.gc_volume(name, wait).await?),
     }
-    let info = engine.volume_info(name).await?;
-    if let Some(holder) = info.served_by {
-        bail!("volume {name:?} is being served by {holder}: run `strata volume gc {name}` on that host (with its --data-dir), where the serving server does it");
-    }
-    Ok(engine.gc_volume(name, wait).await?)
 }
 
 fn print_gc_report(name: &str, r: &GcPassReport, wait: bool) {

@@ -10,15 +10,42 @@ use std::sync::Arc;
 use nbd_server::{
     Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
 };
-use strata_volume::{Engine, Volume, VolumeError};
+use strata_volume::{split_export_name, Engine, ExportName, SnapshotView, Volume, VolumeError};
 
 use crate::size::format_size;
 
-/// A volume as an NBD block device.
+/// A volume (or a snapshot of one, read-only) as an NBD block device.
 pub struct NbdVolume {
-    volume: Arc<Volume>,
+    backing: Backing,
     max_request_bytes: u32,
     errors: ErrorLog,
+}
+
+enum Backing {
+    Volume(Arc<Volume>),
+    Snapshot(Arc<SnapshotView>),
+}
+
+impl Backing {
+    fn name(&self) -> String {
+        match self {
+            Backing::Volume(v) => v.name().to_string(),
+            Backing::Snapshot(s) => s.export_name(),
+        }
+    }
+
+    /// The writable volume; a write to a snapshot never gets here (the
+    /// export is read-only and the server refuses it), but if one did it
+    /// is refused, not applied.
+    fn writable(&self) -> io::Result<&Arc<Volume>> {
+        match self {
+            Backing::Volume(v) => Ok(v),
+            Backing::Snapshot(s) => Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is a snapshot: read-only", s.export_name()),
+            )),
+        }
+    }
 }
 
 /// Logs errors returned to clients: the client sees only EIO, the log says
@@ -50,7 +77,7 @@ impl NbdVolume {
                 .is_ok();
         if due {
             let suppressed = self.errors.suppressed.swap(0, Ordering::Relaxed);
-            tracing::error!(volume = %self.volume.name(), op, offset_bytes, length_bytes, suppressed, error = %e, "request failed; the client gets an I/O error");
+            tracing::error!(volume = %self.backing.name(), op, offset_bytes, length_bytes, suppressed, error = %e, "request failed; the client gets an I/O error");
         } else {
             self.errors.suppressed.fetch_add(1, Ordering::Relaxed);
         }
@@ -60,7 +87,14 @@ impl NbdVolume {
 
 impl BlockDevice for NbdVolume {
     fn size_bytes(&self) -> u64 {
-        self.volume.size_bytes()
+        match &self.backing {
+            Backing::Volume(v) => v.size_bytes(),
+            Backing::Snapshot(s) => s.size_bytes(),
+        }
+    }
+
+    fn is_read_only(&self) -> bool {
+        matches!(self.backing, Backing::Snapshot(_))
     }
 
     fn block_sizes(&self) -> BlockSizes {
@@ -73,28 +107,34 @@ impl BlockDevice for NbdVolume {
 
     async fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
         let len = buf.len() as u64;
-        self.volume
-            .read(offset_bytes, buf)
-            .await
-            .map_err(|e| self.fail("read", offset_bytes, len, e))
+        let read = match &self.backing {
+            Backing::Volume(v) => v.read(offset_bytes, buf).await,
+            Backing::Snapshot(s) => s.read(offset_bytes, buf).await,
+        };
+        read.map_err(|e| self.fail("read", offset_bytes, len, e))
     }
 
     async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        self.volume
+        self.backing
+            .writable()?
             .write(offset_bytes, data, fua)
             .await
             .map_err(|e| self.fail("write", offset_bytes, data.len() as u64, e))
     }
 
     async fn flush(&self) -> io::Result<()> {
-        self.volume
+        let Backing::Volume(volume) = &self.backing else {
+            return Ok(()); // nothing to make durable in a snapshot
+        };
+        volume
             .flush()
             .await
             .map_err(|e| self.fail("flush", 0, 0, e))
     }
 
     async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> io::Result<()> {
-        self.volume
+        self.backing
+            .writable()?
             .trim(offset_bytes, length_bytes, fua)
             .await
             .map_err(|e| self.fail("trim", offset_bytes, length_bytes, e))
@@ -108,7 +148,8 @@ impl BlockDevice for NbdVolume {
     ) -> io::Result<()> {
         // Zeroing is always fast here (it only changes the map), so
         // FAST_ZERO never needs to fail.
-        self.volume
+        self.backing
+            .writable()?
             .write_zeroes(offset_bytes, length_bytes, flags.no_hole, flags.fua)
             .await
             .map_err(|e| self.fail("write_zeroes", offset_bytes, length_bytes, e))
@@ -120,10 +161,11 @@ impl BlockDevice for NbdVolume {
         length_bytes: u64,
         max_extents: usize,
     ) -> io::Result<Vec<Extent>> {
-        let runs = self
-            .volume
-            .block_status(offset_bytes, length_bytes, max_extents)
-            .map_err(io::Error::from)?;
+        let runs = match &self.backing {
+            Backing::Volume(v) => v.block_status(offset_bytes, length_bytes, max_extents),
+            Backing::Snapshot(s) => s.block_status(offset_bytes, length_bytes, max_extents),
+        };
+        let runs = runs.map_err(io::Error::from)?;
         Ok(runs
             .into_iter()
             .map(|(length_bytes, a)| Extent {
@@ -138,8 +180,9 @@ impl BlockDevice for NbdVolume {
     }
 }
 
-/// The volumes of the engine's store, exported under their names: every
-/// one, or only those in `only`.
+/// The volumes of the engine's store, exported under their names (every
+/// one, or only those in `only`), and their snapshots, read-only, as
+/// `VOL@SNAP`.
 pub struct VolumeExports {
     pub engine: Arc<Engine>,
     pub max_request_bytes: u32,
@@ -157,29 +200,54 @@ impl ExportProvider for VolumeExports {
 
     async fn list(&self) -> io::Result<Vec<ExportInfo>> {
         let volumes = self.engine.list_volumes().await.map_err(io::Error::from)?;
-        Ok(volumes
-            .into_iter()
-            .filter(|v| self.serves(&v.name))
-            .map(|v| ExportInfo {
+        let mut out = Vec::new();
+        for v in volumes.into_iter().filter(|v| self.serves(&v.name)) {
+            for s in &v.snapshots {
+                out.push(ExportInfo {
+                    name: format!("{}@{}", v.name, s.name),
+                    description: format!(
+                        "strata snapshot of {}, {}, read-only",
+                        v.name,
+                        format_size(s.size_bytes)
+                    ),
+                });
+            }
+            out.push(ExportInfo {
                 description: format!("strata volume, {}", format_size(v.size_bytes)),
                 name: v.name,
-            })
-            .collect())
+            });
+        }
+        Ok(out)
     }
 
     async fn open(&self, name: &str) -> io::Result<Arc<NbdVolume>> {
-        if !self.serves(name) {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("this server does not serve volume {name:?} (see its --volume options)"),
-            ));
+        let not_found = |e: String| io::Error::new(io::ErrorKind::NotFound, e);
+        let export = split_export_name(name).map_err(not_found)?;
+        let volume = match export {
+            ExportName::Volume(v) | ExportName::Snapshot { volume: v, .. } => v,
+        };
+        if !self.serves(volume) {
+            return Err(not_found(format!(
+                "this server does not serve volume {volume:?} (see its --volume options)"
+            )));
         }
-        let volume = self.engine.open_volume(name).await.map_err(|e| match e {
-            VolumeError::Invalid(_) => io::Error::new(io::ErrorKind::NotFound, e.to_string()),
+        let lookup_error = |e: VolumeError| match e {
+            VolumeError::Invalid(_) => not_found(e.to_string()),
             e => io::Error::from(e),
-        })?;
+        };
+        let backing = match export {
+            ExportName::Volume(v) => {
+                Backing::Volume(self.engine.open_volume(v).await.map_err(lookup_error)?)
+            }
+            ExportName::Snapshot { volume, snapshot } => Backing::Snapshot(
+                self.engine
+                    .open_snapshot(volume, snapshot)
+                    .await
+                    .map_err(lookup_error)?,
+            ),
+        };
         Ok(Arc::new(NbdVolume {
-            volume,
+            backing,
             max_request_bytes: self.max_request_bytes,
             errors: ErrorLog::default(),
         }))

@@ -3,7 +3,10 @@
 //!
 //! ## Object layout
 //!
-//! The envelope of `envelope.rs` (magic "STRATMAN", body at most 1 MiB).
+//! The envelope of `envelope.rs` (magic "STRATMAN", body at most 1 MiB),
+//! version 1, or version 2 when the manifest lists snapshots (a strata
+//! that knows only version 1 would collect their segments as garbage, so
+//! it must refuse the volume).
 //!
 //! The body is JSON so that later fields (snapshots, parent, lease epoch)
 //! can be added without a new binary layout; the envelope still gives it a
@@ -15,6 +18,10 @@ use super::envelope;
 
 const MAGIC: &[u8; 8] = b"STRATMAN";
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Version 2: snapshots.
+const VERSION_SNAPSHOTS: u16 = 2;
+/// Snapshots a volume may have.
+pub const MAX_SNAPSHOTS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -38,6 +45,63 @@ pub struct Manifest {
     /// The last garbage collection pass that finished, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_gc: Option<GcPassRecord>,
+    /// Snapshots, oldest first (`snapshot/`). Each keeps its checkpoint and
+    /// every segment that checkpoint's map points into. At most
+    /// `MAX_SNAPSHOTS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotRecord>,
+    /// The last rollback, recorded in the write that made it happen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rollback: Option<RollbackRecord>,
+}
+
+/// A snapshot: a name for a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub name: String,
+    /// The checkpoint holding the snapshot's map; 0 for a snapshot of a
+    /// volume that never stored a segment (an empty map, no object).
+    pub checkpoint_seq: u64,
+    pub created_unix_ms: u64,
+    /// The volume's size when the snapshot was taken.
+    pub size_bytes: u64,
+}
+
+/// Longest snapshot name accepted, in bytes.
+pub const MAX_SNAPSHOT_NAME_BYTES: usize = 64;
+
+/// Checks a snapshot name: 1..=64 bytes of `[A-Za-z0-9._-]`, not starting
+/// with `.` or `-` (so `VOL@NAME` is a safe NBD export name).
+pub fn validate_snapshot_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_SNAPSHOT_NAME_BYTES {
+        return Err(format!(
+            "snapshot name must be 1 to {MAX_SNAPSHOT_NAME_BYTES} bytes long (got {})",
+            name.len()
+        ));
+    }
+    if name.starts_with('.') || name.starts_with('-') {
+        return Err(format!(
+            "snapshot name {name:?} must not start with '.' or '-'"
+        ));
+    }
+    let ok = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if !ok {
+        return Err(format!(
+            "snapshot name {name:?} may only contain letters, digits, '.', '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// What the last rollback did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollbackRecord {
+    pub snapshot: String,
+    /// The checkpoint that holds the rolled-back map.
+    pub checkpoint_seq: u64,
+    pub unix_ms: u64,
 }
 
 /// Pending deletions a manifest may list (about 100 bytes each in JSON).
@@ -86,11 +150,17 @@ impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         // Serialising a struct of strings and integers cannot fail.
         let body = serde_json::to_vec_pretty(self).unwrap_or_default();
-        envelope::encode(MAGIC, &body)
+        let version = if self.snapshots.is_empty() {
+            1
+        } else {
+            VERSION_SNAPSHOTS
+        };
+        envelope::encode_version(MAGIC, version, &body)
     }
 
     pub fn decode(b: &[u8]) -> Result<Manifest, String> {
-        let body = envelope::decode(MAGIC, "manifest", MAX_BODY_BYTES, b)?;
+        let (version, body) =
+            envelope::decode_versions(MAGIC, "manifest", VERSION_SNAPSHOTS, MAX_BODY_BYTES, b)?;
         let m: Manifest =
             serde_json::from_slice(body).map_err(|e| format!("manifest body: {e}"))?;
         m.uuid_bytes()?;
@@ -100,7 +170,38 @@ impl Manifest {
                 m.pending_deletions.len()
             ));
         }
+        if version < VERSION_SNAPSHOTS && !m.snapshots.is_empty() {
+            return Err("manifest version 1 lists snapshots".into());
+        }
+        m.check_snapshots()?;
         Ok(m)
+    }
+
+    /// The snapshot named `name`.
+    pub fn snapshot(&self, name: &str) -> Option<&SnapshotRecord> {
+        self.snapshots.iter().find(|s| s.name == name)
+    }
+
+    /// Whether a snapshot keeps checkpoint `seq`.
+    pub fn snapshot_keeps_checkpoint(&self, seq: u64) -> bool {
+        self.snapshots.iter().any(|s| s.checkpoint_seq == seq)
+    }
+
+    fn check_snapshots(&self) -> Result<(), String> {
+        if self.snapshots.len() > MAX_SNAPSHOTS {
+            return Err(format!(
+                "manifest lists {} snapshots (at most {MAX_SNAPSHOTS})",
+                self.snapshots.len()
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for s in &self.snapshots {
+            validate_snapshot_name(&s.name).map_err(|e| format!("manifest snapshot: {e}"))?;
+            if !names.insert(s.name.as_str()) {
+                return Err(format!("manifest lists snapshot {:?} twice", s.name));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -124,8 +225,11 @@ mod tests {
                 bytes: 7,
             }],
             last_gc: Some(GcPassRecord::default()),
+            snapshots: Vec::new(),
+            last_rollback: None,
         };
         let b = m.encode();
+        assert_eq!(&b[8..10], &1u16.to_le_bytes());
         assert_eq!(Manifest::decode(&b).unwrap(), m);
         for i in [0, 8, 13, 17, 30] {
             let mut c = b.clone();
@@ -133,5 +237,40 @@ mod tests {
             assert!(Manifest::decode(&c).is_err(), "byte {i}");
         }
         assert!(Manifest::decode(&b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn snapshots_make_version_2_and_are_checked() {
+        let mut m = Manifest {
+            name: "vm1".into(),
+            uuid: uuid::Uuid::new_v4().simple().to_string(),
+            size_bytes: 1 << 30,
+            created_unix_ms: 1,
+            checkpoint_seq: Some(4),
+            epoch: 2,
+            pending_deletions: Vec::new(),
+            last_gc: None,
+            snapshots: vec![SnapshotRecord {
+                name: "before-upgrade".into(),
+                checkpoint_seq: 4,
+                created_unix_ms: 3,
+                size_bytes: 1 << 30,
+            }],
+            last_rollback: None,
+        };
+        let b = m.encode();
+        assert_eq!(&b[8..10], &2u16.to_le_bytes());
+        assert_eq!(Manifest::decode(&b).unwrap(), m);
+        // What an older strata says of it.
+        let old = envelope::decode(MAGIC, "manifest", MAX_BODY_BYTES, &b).unwrap_err();
+        assert!(old.contains("version 2"), "{old}");
+        let mut future = b.clone();
+        future[8] = 3;
+        let e = Manifest::decode(&future).unwrap_err();
+        assert!(e.contains("upgrade"), "{e}");
+        m.snapshots.push(m.snapshots[0].clone());
+        assert!(Manifest::decode(&m.encode()).unwrap_err().contains("twice"));
+        m.snapshots[1].name = "a/b".into();
+        assert!(Manifest::decode(&m.encode()).is_err());
     }
 }

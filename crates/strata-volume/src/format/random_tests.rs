@@ -87,6 +87,8 @@ fn valid_objects() -> Vec<Vec<u8>> {
         epoch: 2,
         pending_deletions: Vec::new(),
         last_gc: None,
+        snapshots: Vec::new(),
+        last_rollback: None,
     };
     let lease = Lease {
         holder: "h:/d (x)".into(),

@@ -6,11 +6,12 @@
 //! A segment is ours while it is in `stored` (listed at open, or uploaded
 //! since) or may still be uploading (`durable_seq < seq <= open_seq`); a
 //! checkpoint is ours if the manifest names it, lists it as pending, or it
-//! may still be in flight (newer than the manifest's). Anything else older
+//! may still be in flight (newer than the manifest's), or a snapshot keeps
+//! it. Anything else older
 //! than the grace period is an orphan. The manifest and the lease are never
 //! orphans.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use object_store::ObjectMeta;
 use strata_store::ObjectNames;
@@ -25,6 +26,8 @@ pub(crate) struct OrphanView<'a> {
     pub open_seq: u64,
     pub manifest_checkpoint: Option<u64>,
     pub pending: &'a [PendingDeletion],
+    /// Checkpoints snapshots keep.
+    pub kept_checkpoints: &'a BTreeSet<u64>,
 }
 
 /// Orphans among `listing` (objects under the volume's prefix).
@@ -57,7 +60,8 @@ pub(crate) fn find_orphans(
                     && !pending(ObjectKind::Segment, seq);
             }
             if o.location.prefix_matches(&checkpoints) {
-                let named = view.manifest_checkpoint == Some(seq);
+                let named =
+                    view.manifest_checkpoint == Some(seq) || view.kept_checkpoints.contains(&seq);
                 let newer = view.manifest_checkpoint.is_none_or(|c| seq > c);
                 return !named && !newer && !pending(ObjectKind::Checkpoint, seq);
             }
@@ -95,6 +99,7 @@ mod tests {
             meta(n.segment(9), 0),    // beyond the open segment: orphan
             meta(n.segment(4), 990),  // too young
             meta(n.checkpoint(2), 0), // replaced, not pending: orphan
+            meta(n.checkpoint(3), 0), // a snapshot's
             meta(n.checkpoint(5), 0), // named
             meta(n.checkpoint(7), 0), // newer: in flight
         ];
@@ -111,6 +116,7 @@ mod tests {
             open_seq: 7,
             manifest_checkpoint: Some(5),
             pending: &pending,
+            kept_checkpoints: &BTreeSet::from([3]),
         };
         let found: Vec<Path> = find_orphans(&n, &listing, &view, 1000, 100)
             .into_iter()

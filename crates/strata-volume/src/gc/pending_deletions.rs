@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::format::manifest::{Manifest, ObjectKind, PendingDeletion, MAX_PENDING_DELETIONS};
 use crate::map::SegmentUsage;
+use crate::snapshot::SnapshotPins;
 
 /// The objects `pending` names, as a set (the list holds up to
 /// `MAX_PENDING_DELETIONS`: looked up per object, a scan would be
@@ -32,22 +33,25 @@ pub(crate) struct Unreferenced {
 }
 
 /// Stored segments up to `checkpoint_seq` that the map no longer points
-/// into (call under the lock that encodes the checkpoint).
+/// into and no snapshot keeps (call under the lock that encodes the
+/// checkpoint).
 pub(crate) fn deletion_candidates(
     stored: &BTreeMap<u64, u64>,
     usage: &SegmentUsage,
+    pins: &SnapshotPins,
     checkpoint_seq: u64,
 ) -> Unreferenced {
     let segments = stored
         .range(..=checkpoint_seq)
-        .filter(|(&seq, _)| usage.live_bytes(seq) == 0)
+        .filter(|(&seq, _)| usage.live_bytes(seq) == 0 && !pins.is_pinned(seq))
         .map(|(&seq, &bytes)| (seq, bytes))
         .collect();
     Unreferenced { segments }
 }
 
 /// `m` with the segments of `unreferenced` and the replaced checkpoint
-/// added to its pending deletions (no duplicates; at most
+/// (unless a snapshot keeps it) added to its pending deletions (no
+/// duplicates; at most
 /// `MAX_PENDING_DELETIONS`: the rest are found again at a later
 /// checkpoint, or by the orphan sweep).
 pub(crate) fn add_pending(
@@ -56,7 +60,9 @@ pub(crate) fn add_pending(
     replaced_checkpoint: Option<u64>,
     now_ms: u64,
 ) {
-    let checkpoint = replaced_checkpoint.map(|seq| (ObjectKind::Checkpoint, seq, 0));
+    let checkpoint = replaced_checkpoint
+        .filter(|&seq| !m.snapshot_keeps_checkpoint(seq))
+        .map(|seq| (ObjectKind::Checkpoint, seq, 0));
     let segments = unreferenced
         .segments
         .iter()
@@ -110,6 +116,8 @@ mod tests {
             epoch: 1,
             pending_deletions: Vec::new(),
             last_gc: None,
+            snapshots: Vec::new(),
+            last_rollback: None,
         }
     }
 
@@ -118,8 +126,14 @@ mod tests {
         let stored = BTreeMap::from([(1, 10), (2, 20), (3, 30), (12, 40)]);
         let mut usage = SegmentUsage::default();
         usage.add(2, 5);
-        let c = deletion_candidates(&stored, &usage, 9);
+        let mut pins = SnapshotPins::default();
+        let c = deletion_candidates(&stored, &usage, &pins, 9);
         assert_eq!(c.segments, vec![(1, 10), (3, 30)]);
+        let mut kept = SegmentUsage::default();
+        kept.add(3, 1);
+        pins.pin(&kept);
+        let c = deletion_candidates(&stored, &usage, &pins, 9);
+        assert_eq!(c.segments, vec![(1, 10)]);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use crate::map::SegmentUsage;
+use crate::snapshot::SnapshotPins;
 
 /// What a pass may take.
 #[derive(Debug, Clone, Copy)]
@@ -41,10 +42,14 @@ pub(crate) struct Victim {
 pub(crate) fn pick_victims(
     stored: &BTreeMap<u64, u64>,
     usage: &SegmentUsage,
+    pins: &SnapshotPins,
     policy: &VictimPolicy,
 ) -> Vec<Victim> {
+    // A segment a snapshot keeps is never a victim: rewriting it frees
+    // nothing, and its data must stay where the snapshot's map says.
     let mut candidates: Vec<Victim> = stored
         .iter()
+        .filter(|(&seq, _)| !pins.is_pinned(seq))
         .map(|(&seq, &stored_bytes)| Victim {
             seq,
             stored_bytes,
@@ -109,7 +114,7 @@ mod tests {
     fn emptiest_first_below_the_threshold_and_none_without_live_data() {
         let stored = BTreeMap::from([(1, 1000), (2, 1000), (3, 1000), (4, 1000)]);
         let u = usage(&[(1, 500), (2, 100), (3, 950)]);
-        let seqs: Vec<u64> = pick_victims(&stored, &u, &POLICY)
+        let seqs: Vec<u64> = pick_victims(&stored, &u, &SnapshotPins::default(), &POLICY)
             .iter()
             .map(|v| v.seq)
             .collect();
@@ -124,7 +129,7 @@ mod tests {
         let u = usage(&[(1, 650), (2, 650), (3, 700)]);
         // stored 3000 > 1.4 x 2000 live: the emptiest go until the target
         // holds (after rewriting 1: 2650 <= 2800).
-        let seqs: Vec<u64> = pick_victims(&stored, &u, &POLICY)
+        let seqs: Vec<u64> = pick_victims(&stored, &u, &SnapshotPins::default(), &POLICY)
             .iter()
             .map(|v| v.seq)
             .collect();
@@ -135,7 +140,7 @@ mod tests {
     fn small_segments_are_packed_and_the_budget_bounds_a_pass() {
         let stored = BTreeMap::from([(1, 50), (2, 60), (3, 1000)]);
         let u = usage(&[(1, 50), (2, 60), (3, 1000)]);
-        let seqs: Vec<u64> = pick_victims(&stored, &u, &POLICY)
+        let seqs: Vec<u64> = pick_victims(&stored, &u, &SnapshotPins::default(), &POLICY)
             .iter()
             .map(|v| v.seq)
             .collect();
@@ -144,6 +149,9 @@ mod tests {
             max_copy_bytes: 55,
             ..POLICY
         };
-        assert_eq!(pick_victims(&stored, &u, &tight).len(), 1);
+        assert_eq!(
+            pick_victims(&stored, &u, &SnapshotPins::default(), &tight).len(),
+            1
+        );
     }
 }

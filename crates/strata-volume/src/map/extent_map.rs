@@ -79,6 +79,14 @@ pub struct ExtentRecord {
     pub target: Target,
 }
 
+/// Allocation state of a range (for NBD block status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    Data,
+    Zero,
+    Hole,
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct ExtentMap {
     map: BTreeMap<u64, Ext>,
@@ -184,6 +192,25 @@ impl ExtentMap {
             }
         }
         self.map.insert(start, ext);
+    }
+
+    /// Allocation of `[start, start+len)` in at most `max_runs` runs of
+    /// `(length, allocation)` (NBD block status).
+    pub fn allocation(&self, start: u64, len: u64, max_runs: usize) -> Vec<(u64, Allocation)> {
+        let mut out: Vec<(u64, Allocation)> = Vec::new();
+        self.lookup(start, len, |p| {
+            let a = match p.target {
+                None => Allocation::Hole,
+                Some(Target::Zero) => Allocation::Zero,
+                Some(Target::Data { .. }) => Allocation::Data,
+            };
+            match out.last_mut() {
+                Some(last) if last.1 == a => last.0 += p.len,
+                _ => out.push((p.len, a)),
+            }
+        });
+        out.truncate(max_runs.max(1));
+        out
     }
 
     /// Calls `f` for each piece of `[start, start+len)` in order: mapped

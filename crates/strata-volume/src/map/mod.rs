@@ -8,5 +8,5 @@
 mod extent_map;
 mod segment_usage;
 
-pub use extent_map::{ExtentMap, ExtentRecord, Target, MAX_EXTENT_BYTES};
+pub use extent_map::{Allocation, ExtentMap, ExtentRecord, Target, MAX_EXTENT_BYTES};
 pub use segment_usage::SegmentUsage;

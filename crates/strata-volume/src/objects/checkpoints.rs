@@ -5,7 +5,7 @@ use strata_store::{ObjectNames, Store};
 use super::store_error::store_error;
 use crate::error::VolumeError;
 use crate::format::checkpoint::{self, CheckpointInfo};
-use crate::format::manifest::Manifest;
+use crate::format::manifest::{Manifest, SnapshotRecord};
 use crate::map::ExtentMap;
 
 /// Reads checkpoint `seq` of the volume `manifest` describes, verified and
@@ -16,6 +16,36 @@ pub(crate) async fn read_checkpoint(
     manifest: &Manifest,
     uuid: [u8; 16],
     seq: u64,
+) -> Result<(CheckpointInfo, ExtentMap), VolumeError> {
+    read_checkpoint_of_size(store, names, &manifest.name, uuid, seq, manifest.size_bytes).await
+}
+
+/// The map of snapshot `record` of the volume with `uuid` (empty for a
+/// snapshot of a volume that never stored a segment).
+pub(crate) async fn read_snapshot_map(
+    store: &Store,
+    names: &ObjectNames,
+    volume: &str,
+    uuid: [u8; 16],
+    record: &SnapshotRecord,
+) -> Result<ExtentMap, VolumeError> {
+    if record.checkpoint_seq == 0 {
+        return Ok(ExtentMap::new());
+    }
+    let seq = record.checkpoint_seq;
+    let read = read_checkpoint_of_size(store, names, volume, uuid, seq, record.size_bytes);
+    Ok(read.await?.1)
+}
+
+/// Reads checkpoint `seq`, verified and checked: same volume, `size_bytes`,
+/// same position.
+async fn read_checkpoint_of_size(
+    store: &Store,
+    names: &ObjectNames,
+    volume: &str,
+    uuid: [u8; 16],
+    seq: u64,
+    size_bytes: u64,
 ) -> Result<(CheckpointInfo, ExtentMap), VolumeError> {
     let path = names.checkpoint(seq);
     let bytes = store
@@ -35,11 +65,10 @@ pub(crate) async fn read_checkpoint(
         let recomputed: Vec<(u64, u64)> = map.usage().iter().collect();
         if recorded != recomputed {
             // The map decoded and verified; its own counts win.
-            tracing::error!(volume = %manifest.name, checkpoint = seq, ?recorded, ?recomputed, "BUG: live bytes per segment recorded in the checkpoint differ from those recomputed from its extents; using the recomputation");
+            tracing::error!(volume = %volume, checkpoint = seq, ?recorded, ?recomputed, "BUG: live bytes per segment recorded in the checkpoint differ from those recomputed from its extents; using the recomputation");
         }
     }
-    if info.seq != seq || info.volume_uuid != uuid || info.volume_size_bytes != manifest.size_bytes
-    {
+    if info.seq != seq || info.volume_uuid != uuid || info.volume_size_bytes != size_bytes {
         return Err(corrupt("checkpoint does not match the manifest".into()));
     }
     Ok((info, map))

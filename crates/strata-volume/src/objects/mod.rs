@@ -14,7 +14,7 @@ mod manifests;
 mod segments;
 mod store_error;
 
-pub(crate) use checkpoints::read_checkpoint;
+pub(crate) use checkpoints::{read_checkpoint, read_snapshot_map};
 pub(crate) use manifests::{read_manifest, read_manifest_versioned};
 pub(crate) use segments::{fetch_segment_header, list_segments};
 pub(crate) use store_error::store_error;

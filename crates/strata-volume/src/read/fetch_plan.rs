@@ -86,6 +86,27 @@ pub(crate) struct StoredPiece<'a> {
     pub dst: &'a mut [u8],
 }
 
+/// Stored pieces with disjoint destinations in `buf`, from pieces given as
+/// `(buf_offset, len, seq, segment_offset)` in order and not overlapping:
+/// stored data then lands in `buf` with no extra copy.
+pub(crate) fn stored_pieces_in<'a>(
+    buf: &'a mut [u8],
+    pieces: impl Iterator<Item = (usize, usize, u64, u64)>,
+) -> Vec<StoredPiece<'a>> {
+    let mut out = Vec::with_capacity(pieces.size_hint().0);
+    let mut rest: &mut [u8] = buf;
+    let mut consumed = 0usize;
+    for (at, len, seq, offset) in pieces {
+        let tail = std::mem::take(&mut rest);
+        let (_, tail) = tail.split_at_mut(at - consumed);
+        let (dst, tail) = tail.split_at_mut(len);
+        out.push(StoredPiece { seq, offset, dst });
+        rest = tail;
+        consumed = at + len;
+    }
+    out
+}
+
 /// The chunks one read needs from one segment, and what has been found.
 pub(crate) struct SegmentChunks {
     /// Chunk numbers, sorted and distinct.

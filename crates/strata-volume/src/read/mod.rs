@@ -39,7 +39,7 @@ mod volume_reader;
 
 pub use block_cache::DiskCacheStats;
 pub(crate) use disk_writer::OnDone;
-pub(crate) use fetch_plan::StoredPiece;
+pub(crate) use fetch_plan::{stored_pieces_in, StoredPiece};
 pub(crate) use prefetch::{start_readahead, MAX_WINDOW_PIECES};
 pub use ram_cache::CacheStats;
 pub use readahead::ReadAheadStats;

@@ -30,6 +30,7 @@ use strata_store::{ObjectNames, Store};
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::format::manifest::Manifest;
+use crate::snapshot::SnapshotPins;
 use crate::write::journal::Journal;
 use crate::write::open_segment::OpenSegment;
 use crate::write::state::State;
@@ -88,5 +89,6 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
         checkpoint_requested_seq: rec.checkpoint_seq,
         checkpoint_done_seq: rec.checkpoint_seq,
         failed: None,
+        pins: SnapshotPins::default(),
     }
 }

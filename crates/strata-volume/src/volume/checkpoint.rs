@@ -4,6 +4,8 @@
 //! segments with no live bytes, and the checkpoint it replaces) as pending
 //! deletions (`gc/pending_deletions.rs`); nothing is deleted here.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use object_store::{PutMode, PutPayload};
 
@@ -14,6 +16,7 @@ use crate::format::checkpoint::{self, CheckpointInfo};
 use crate::format::manifest::Manifest;
 use crate::format::segment::JournalSpan;
 use crate::gc::{add_pending, deletion_candidates, Unreferenced};
+use crate::map::ExtentMap;
 use crate::write::segment_put::put_with_retry;
 use crate::write::state::State;
 
@@ -35,14 +38,14 @@ impl Volume {
         CheckpointJob {
             seq,
             bytes: Bytes::from(checkpoint::encode(&info, &st.map)),
-            unreferenced: deletion_candidates(&st.stored, st.map.usage(), seq),
+            unreferenced: deletion_candidates(&st.stored, st.map.usage(), &st.pins, seq),
         }
     }
 
     /// Takes a checkpoint now: seals what is open (with a checkpoint), or
     /// checkpoints the last sealed segment if none covers it yet. Returns
     /// the checkpoint's seq, if one was started.
-    pub(crate) fn checkpoint_locked(self: &std::sync::Arc<Self>, st: &mut State) -> Option<u64> {
+    pub(crate) fn checkpoint_locked(self: &Arc<Self>, st: &mut State) -> Option<u64> {
         if st.failed.is_some() {
             return None;
         }
@@ -62,11 +65,49 @@ impl Volume {
         Some(seq)
     }
 
+    /// Seals the open segment, even an empty one, and encodes the
+    /// checkpoint of that seal point for the caller to store (with what it
+    /// adds to the manifest); `replace_map` first replaces the map (a
+    /// rollback: what the sealed segment holds is dropped with the rest).
+    /// Snapshots and rollbacks need a seal point of their own; so does
+    /// garbage that appears with no new segment (a snapshot deleted).
+    pub(crate) fn seal_for_history_locked(
+        self: &Arc<Self>,
+        st: &mut State,
+        replace_map: Option<ExtentMap>,
+    ) -> CheckpointJob {
+        let sealed = st.seal_open(self.take_buffer());
+        if let Some(map) = replace_map {
+            st.map = map;
+        }
+        st.segments_since_checkpoint = 0;
+        st.checkpoint_requested_seq = sealed.seq;
+        let job = self.encode_checkpoint(st, sealed.seq, sealed.span);
+        let vol = self.clone();
+        tokio::spawn(async move { vol.upload(sealed, None).await });
+        job
+    }
+
     pub(crate) async fn store_checkpoint(&self, job: CheckpointJob) {
+        let _ = self.store_checkpoint_with(job, None).await;
+    }
+
+    /// Stores checkpoint `job` once every segment up to it is stored, then
+    /// names it in the manifest with `extra` applied in the same
+    /// conditional write (a snapshot, a rollback: they happen exactly when
+    /// the checkpoint is named). Errors are logged and returned.
+    pub(crate) async fn store_checkpoint_with(
+        &self,
+        job: CheckpointJob,
+        extra: Option<&(dyn Fn(&mut Manifest) + Send + Sync)>,
+    ) -> Result<(), String> {
         let seq = job.seq;
         // The checkpoint may only name segments that are all stored.
         self.wait_until(|st| st.durable_seq >= seq || st.failed.is_some())
             .await;
+        if let Some(detail) = &self.state.lock().failed {
+            return Err(detail.clone());
+        }
         let path = self.names.checkpoint(seq);
         let payload = || PutPayload::from(job.bytes.clone());
         let put = put_with_retry(
@@ -79,12 +120,18 @@ impl Volume {
         );
         if let Err(e) = put.await {
             tracing::error!(volume = %self.name, seq, error = %e, "checkpoint not stored");
-            return;
+            return Err(format!("checkpoint {seq} not stored: {e}"));
         }
-        if let Err(detail) = self.write_manifest_checkpoint(seq, &job.unreferenced).await {
-            tracing::error!(volume = %self.name, seq, %detail, "manifest not updated");
-            return;
-        }
+        let named = self
+            .write_manifest_checkpoint(seq, &job.unreferenced, extra)
+            .await;
+        let written = match named {
+            Ok(written) => written,
+            Err(detail) => {
+                tracing::error!(volume = %self.name, seq, %detail, "manifest not updated");
+                return Err(format!("manifest not updated: {detail}"));
+            }
+        };
         if !job.unreferenced.segments.is_empty() {
             crash_point("gc.after_checkpoint");
             // Dead for good (the map never points back into a segment), so
@@ -97,32 +144,48 @@ impl Volume {
             st.checkpoint_done_seq = st.checkpoint_done_seq.max(seq);
         }
         self.progress.notify_waiters();
+        if !written {
+            // A newer checkpoint is named already (nothing to do for a
+            // plain one); what `extra` adds was not written.
+            return Err(format!("a checkpoint at or after {seq} is named already"));
+        }
+        Ok(())
     }
 
     /// Names checkpoint `seq` in the manifest (If-Match on the version we
-    /// wrote) and lists what it leaves unreferenced, with the checkpoint it
-    /// replaces, as pending deletions. A newer epoch in the store means we
+    /// wrote), applies `extra`, and lists what it leaves unreferenced, with
+    /// the checkpoint it replaces, as pending deletions. False if a newer
+    /// checkpoint is named already (nothing written). A newer epoch in the store means we
     /// were taken over: the volume is fenced.
     async fn write_manifest_checkpoint(
         &self,
         seq: u64,
         unreferenced: &Unreferenced,
-    ) -> Result<(), String> {
+        extra: Option<&(dyn Fn(&mut Manifest) + Send + Sync)>,
+    ) -> Result<bool, String> {
         let now = now_ms();
         let change = |m: &Manifest| {
             if m.checkpoint_seq.is_some_and(|p| p >= seq) {
-                return None;
+                // A newer checkpoint was named first (its writes raced
+                // ours to the store): `extra` still goes in, naming this
+                // checkpoint's object (a snapshot keeps it from GC).
+                let mut next = m.clone();
+                extra?(&mut next);
+                return Some(next);
             }
             let mut next = Manifest {
                 checkpoint_seq: Some(seq),
                 ..m.clone()
             };
+            if let Some(extra) = extra {
+                extra(&mut next);
+            }
             add_pending(&mut next, unreferenced, m.checkpoint_seq, now);
             Some(next)
         };
         let update = self.manifest.update(&self.store, &self.ownership, change);
         match update.await {
-            Ok(_) => Ok(()),
+            Ok(written) => Ok(written.is_some()),
             Err(refused) => Err(self.refused(refused)),
         }
     }

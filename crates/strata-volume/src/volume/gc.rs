@@ -103,9 +103,12 @@ impl Volume {
         let cost = rewrite_cost_bytes(pieces);
         let outcome = {
             let mut st = self.state.lock();
+            // Data a snapshot keeps stays where it is (a diff compares
+            // places: moved data would look changed).
             if st.failed.is_some()
                 || self.closed.load(Ordering::Acquire)
                 || st.buffered_cost_bytes + cost > self.config.write_buffer_bytes / 2
+                || pieces.iter().any(|p| st.pins.is_pinned(p.seq))
             {
                 return;
             }
@@ -228,7 +231,7 @@ impl Volume {
     ) -> Result<(), Stopped> {
         let victims = {
             let st = self.state.lock();
-            pick_victims(&st.stored, st.map.usage(), policy)
+            pick_victims(&st.stored, st.map.usage(), &st.pins, policy)
         };
         let started = std::time::Instant::now();
         for v in victims {
@@ -375,7 +378,7 @@ impl Volume {
         let pending = pending_keys(&self.manifest.current().await.pending_deletions);
         let seq = {
             let mut st = self.state.lock();
-            let candidates = deletion_candidates(&st.stored, st.map.usage(), u64::MAX);
+            let candidates = deletion_candidates(&st.stored, st.map.usage(), &st.pins, u64::MAX);
             let new_bytes: u64 = candidates
                 .segments
                 .iter()
@@ -387,7 +390,19 @@ impl Volume {
             if !worth || (!idle && !explicit) {
                 return Ok(());
             }
-            self.checkpoint_locked(&mut st)
+            match self.checkpoint_locked(&mut st) {
+                Some(seq) => Some(seq),
+                // Garbage with no new segment to checkpoint (a snapshot
+                // was deleted): a seal point of its own.
+                None if idle => {
+                    let job = self.seal_for_history_locked(&mut st, None);
+                    let seq = job.seq;
+                    let vol = self.clone();
+                    tokio::spawn(async move { vol.store_checkpoint(job).await });
+                    Some(seq)
+                }
+                None => None,
+            }
         };
         if let Some(seq) = seq {
             self.wait_until(|st| st.checkpoint_done_seq >= seq || st.failed.is_some())
@@ -500,15 +515,21 @@ impl Volume {
     }
 
     /// A last check before a delete (an invariant, not a decision): the
-    /// map does not point into the segment, and the manifest's checkpoint
-    /// is at or past it; the named checkpoint is never deleted.
+    /// map does not point into the segment, no snapshot keeps it, and the
+    /// manifest's checkpoint is at or past it; neither the named checkpoint
+    /// nor a snapshot's is ever deleted.
     fn still_unreferenced(&self, manifest: &Manifest, p: &PendingDeletion) -> bool {
         let ok = match p.kind {
             ObjectKind::Segment => {
-                let live = self.state.lock().map.usage().live_bytes(p.seq);
-                live == 0 && manifest.checkpoint_seq.is_some_and(|c| c >= p.seq)
+                let st = self.state.lock();
+                let live = st.map.usage().live_bytes(p.seq);
+                live == 0
+                    && !st.pins.is_pinned(p.seq)
+                    && manifest.checkpoint_seq.is_some_and(|c| c >= p.seq)
             }
-            ObjectKind::Checkpoint => manifest.checkpoint_seq != Some(p.seq),
+            ObjectKind::Checkpoint => {
+                manifest.checkpoint_seq != Some(p.seq) && !manifest.snapshot_keeps_checkpoint(p.seq)
+            }
         };
         if !ok {
             tracing::error!(volume = %self.name, ?p, "BUG: a pending deletion is still referenced; not deleting it");
@@ -575,6 +596,11 @@ impl Volume {
                 open_seq: st.open.seq,
                 manifest_checkpoint: manifest.checkpoint_seq,
                 pending: &manifest.pending_deletions,
+                kept_checkpoints: &manifest
+                    .snapshots
+                    .iter()
+                    .map(|s| s.checkpoint_seq)
+                    .collect(),
             };
             find_orphans(
                 &self.names,

@@ -16,6 +16,8 @@
 //! - `checkpoint.rs`: checkpoints and the manifest that names them;
 //! - `tasks.rs`: lease renewal and the age sealer;
 //! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
+//! - `snapshot.rs`: snapshots: create, delete, roll back (`snapshot/`
+//!   holds the rules);
 //! - `close.rs`: the clean close.
 //!
 //! Those files only add methods to `Volume`; none refers to another by path.
@@ -25,6 +27,7 @@ mod close;
 mod gc;
 mod open;
 mod read;
+mod snapshot;
 mod tasks;
 mod upload;
 mod write;
@@ -39,18 +42,11 @@ use tokio::sync::Notify;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::gc::{GcCounters, GcStats, Unreferenced};
+pub use crate::map::Allocation;
 use crate::ownership::{ManifestWriter, Ownership, WriteRefused};
 use crate::read::{CacheStats, SharedCaches};
 use crate::write::journal::Journal;
 use crate::write::state::{SpaceUsage, State};
-
-/// Allocation state of a range (for NBD block status).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Allocation {
-    Data,
-    Zero,
-    Hole,
-}
 
 /// Counters a volume exports.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -73,6 +69,8 @@ pub struct VolumeStats {
     pub space: SpaceUsage,
     /// Garbage collection since the volume was opened.
     pub gc: GcStats,
+    /// Segments the volume's snapshots keep from garbage collection.
+    pub snapshot_pinned_segments: u64,
 }
 
 /// A checkpoint taken at a seal point, on its way to the store.
@@ -215,6 +213,7 @@ impl Volume {
                 let (n, bytes) = *self.gc_pending.lock();
                 self.gc.snapshot(n, bytes)
             },
+            snapshot_pinned_segments: st.pins.len() as u64,
         }
     }
 

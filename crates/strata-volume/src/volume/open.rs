@@ -55,6 +55,8 @@ impl Volume {
             gc_pass: tokio::sync::Mutex::new(()),
             gc_pending: Mutex::new((0, 0)),
         });
+        // Before any background work: GC must know what snapshots keep.
+        vol.pin_snapshots(&vol.manifest.current().await).await?;
         vol.start_replayed_uploads();
         vol.start_age_sealer();
         vol.start_lease_renewal();

@@ -13,7 +13,7 @@ use super::{Allocation, Volume};
 use crate::error::VolumeError;
 use crate::gc::ReadPiece;
 use crate::map::Target;
-use crate::read::{start_readahead, StoredPiece, MAX_WINDOW_PIECES};
+use crate::read::{start_readahead, stored_pieces_in, MAX_WINDOW_PIECES};
 
 /// Reads of data moved by GC in the middle of a read (see `read`); each
 /// retry follows a real deletion, so only a read slower than several GC
@@ -104,28 +104,12 @@ impl Volume {
             return Ok(());
         }
         seqs.extend(misses.iter().map(|m| m.seq));
-        // Disjoint destination slices, one per miss (misses are in order and
-        // do not overlap), so stored data lands in `buf` with no extra copy.
-        let mut dsts = Vec::with_capacity(misses.len());
-        let mut rest: &mut [u8] = buf;
-        let mut consumed = 0usize;
-        for m in &misses {
-            let tail = std::mem::take(&mut rest);
-            let (_, tail) = tail.split_at_mut(m.buf_offset - consumed);
-            let (dst, tail) = tail.split_at_mut(m.len as usize);
-            dsts.push(dst);
-            rest = tail;
-            consumed = m.buf_offset + m.len as usize;
-        }
-        let pieces = misses
-            .iter()
-            .zip(dsts)
-            .map(|(m, dst)| StoredPiece {
-                seq: m.seq,
-                offset: m.segment_offset,
-                dst,
-            })
-            .collect();
+        let pieces = stored_pieces_in(
+            buf,
+            misses
+                .iter()
+                .map(|m| (m.buf_offset, m.len as usize, m.seq, m.segment_offset)),
+        );
         reader.read_pieces(&self.caches, pieces).await?;
         self.rewrite_fragmented_read(&misses, buf);
         Ok(())
@@ -139,21 +123,7 @@ impl Volume {
         max_extents: usize,
     ) -> Result<Vec<(u64, Allocation)>, VolumeError> {
         self.check_range(offset, len)?;
-        let mut out: Vec<(u64, Allocation)> = Vec::new();
-        let st = self.state.lock();
-        st.map.lookup(offset, len, |p| {
-            let a = match p.target {
-                None => Allocation::Hole,
-                Some(Target::Zero) => Allocation::Zero,
-                Some(Target::Data { .. }) => Allocation::Data,
-            };
-            match out.last_mut() {
-                Some(last) if last.1 == a => last.0 += p.len,
-                _ => out.push((p.len, a)),
-            }
-        });
-        out.truncate(max_extents.max(1));
-        Ok(out)
+        Ok(self.state.lock().map.allocation(offset, len, max_extents))
     }
 
     /// Stored pieces `(seq, segment offset, len)` of a volume range, looked

@@ -14,6 +14,7 @@ use super::open_segment::{OpenSegment, SealedSegment};
 use crate::format::journal::RecordKind;
 use crate::format::segment::{EntryKind, JournalSpan};
 use crate::map::{ExtentMap, Target};
+use crate::snapshot::SnapshotPins;
 
 /// Mutable state behind the volume lock.
 pub(crate) struct State {
@@ -42,6 +43,9 @@ pub(crate) struct State {
     pub checkpoint_requested_seq: u64,
     pub checkpoint_done_seq: u64,
     pub failed: Option<String>,
+    /// Segments the volume's snapshots keep (garbage collection moves and
+    /// deletes none of them).
+    pub pins: SnapshotPins,
 }
 
 impl State {
@@ -121,6 +125,7 @@ impl State {
             checkpoint_requested_seq: 0,
             checkpoint_done_seq: 0,
             failed: None,
+            pins: SnapshotPins::default(),
         }
     }
 }

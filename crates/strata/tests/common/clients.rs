@@ -74,18 +74,23 @@ fn read_cmds(model: &[u8], ws: &[(u8, u64, u64)]) -> Vec<String> {
 }
 
 pub fn qemu_io(uri: &str, cmds: &[String]) -> Output {
+    qemu_io_opts(uri, &[], cmds)
+}
+
+fn qemu_io_opts(uri: &str, opts: &[&str], cmds: &[String]) -> Output {
     let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw", uri]);
+    c.args(["-f", "raw"]).args(opts).arg(uri);
     for cmd in cmds {
         c.arg("-c").arg(cmd);
     }
     run_timeout(&mut c, Duration::from_secs(120))
 }
 
-/// Runs the `read -P` commands `reads`; panics (naming `when`) on any
+/// Runs the `read -P` commands `reads` (opened read-only, so read-only
+/// exports such as snapshots work too); panics (naming `when`) on any
 /// mismatch or failure.
 pub fn qemu_io_verify(uri: &str, reads: &[String], when: &str) {
-    let out = qemu_io(uri, reads);
+    let out = qemu_io_opts(uri, &["-r"], reads);
     let so = stdout_str(&out);
     assert!(
         out.status.success() && !so.contains("verification failed") && !so.contains("failed"),

@@ -1,7 +1,10 @@
 //! The engine: the set of volumes in one store, and their administration.
 //!
 //! Owns the open volumes of a process (each opened once and shared by all
-//! its clients), the caches they share, and create / list / info / delete.
+//! its clients), the caches they share, and create / list / info / delete;
+//! snapshots by name are in `snapshots.rs`.
+
+mod snapshots;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use tokio::sync::OnceCell;
 use crate::clock::now_ms;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
-use crate::format::manifest::{GcPassRecord, Manifest};
+use crate::format::manifest::{GcPassRecord, Manifest, RollbackRecord, SnapshotRecord};
 use crate::gc::GcPassReport;
 use crate::objects::{list_segments, read_checkpoint, read_manifest, store_error};
 use crate::ownership::{read_lease, take_ownership};
@@ -51,6 +54,10 @@ pub struct VolumeInfo {
     pub pending_bytes: u64,
     /// The last garbage collection pass that deleted something.
     pub last_gc: Option<GcPassRecord>,
+    /// Snapshots, oldest first.
+    pub snapshots: Vec<SnapshotRecord>,
+    /// The last rollback to a snapshot, if any.
+    pub last_rollback: Option<RollbackRecord>,
 }
 
 /// What `Engine::stats` reports (the `--stats-file` JSON).
@@ -68,6 +75,9 @@ pub struct Engine {
     /// One cell per volume name, so opening (recovering) one volume does
     /// not hold up clients of another.
     open: parking_lot::Mutex<HashMap<String, Arc<OnceCell<Arc<Volume>>>>>,
+    /// Read-only snapshot views in use, by `VOL@SNAP`.
+    snapshot_views:
+        parking_lot::Mutex<HashMap<String, std::sync::Weak<crate::snapshot::SnapshotView>>>,
 }
 
 /// How long `close_all` waits for background cache work.
@@ -81,6 +91,7 @@ impl Engine {
             caches: Arc::new(SharedCaches::new(&config)?),
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
+            snapshot_views: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -117,6 +128,8 @@ impl Engine {
             epoch: 0,
             pending_deletions: Vec::new(),
             last_gc: None,
+            snapshots: Vec::new(),
+            last_rollback: None,
         };
         let path = ObjectNames::new(name).manifest();
         let opts = PutOptions {
@@ -211,6 +224,8 @@ impl Engine {
             pending_deletions: m.pending_deletions.len() as u64,
             pending_bytes: m.pending_deletions.iter().map(|p| p.bytes).sum(),
             last_gc: m.last_gc,
+            snapshots: m.snapshots,
+            last_rollback: m.last_rollback,
             name: m.name,
             size_bytes: m.size_bytes,
             uuid: m.uuid,
@@ -248,22 +263,44 @@ impl Engine {
         self.open.lock().get(name).and_then(|c| c.get().cloned())
     }
 
+    /// The volume if this engine has it open or is opening it (waits for
+    /// the open: a server that opens its volumes in the background answers
+    /// for them from its start).
+    pub async fn served_or_opening(&self, name: &str) -> Option<Arc<Volume>> {
+        if self.open.lock().contains_key(name) {
+            return self.open_volume(name).await.ok();
+        }
+        None
+    }
+
     /// Runs a garbage collection pass on volume `name` (`Volume::gc_now`):
     /// on the open volume if this engine serves it, otherwise it opens the
     /// volume (taking its lease: refused while another server holds it),
     /// runs the pass, and closes it.
     pub async fn gc_volume(&self, name: &str, wait: bool) -> Result<GcPassReport, VolumeError> {
+        self.with_volume(name, |vol| async move { vol.gc_now(wait).await })
+            .await
+    }
+
+    /// Runs `op` on volume `name`: the open one if this engine serves it,
+    /// otherwise it opens the volume (taking its lease: refused while
+    /// another server holds it), runs `op`, and closes it.
+    pub(crate) async fn with_volume<T, F, Fut>(&self, name: &str, op: F) -> Result<T, VolumeError>
+    where
+        F: FnOnce(Arc<Volume>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, VolumeError>>,
+    {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         if let Some(vol) = self.served(name) {
-            return vol.gc_now(wait).await;
+            return op(vol).await;
         }
         let vol = self.open_volume(name).await?;
-        let report = vol.gc_now(wait).await;
+        let result = op(vol.clone()).await;
         let closed = vol.close().await;
         self.open.lock().remove(name);
-        let report = report?;
+        let out = result?;
         closed?;
-        Ok(report)
+        Ok(out)
     }
 
     /// Deletes a volume and everything it stored; refused while it is open

@@ -1,0 +1,241 @@
+//! Snapshots of a volume: create, delete, roll back (`snapshot/` holds the
+//! rules, `docs/design/snapshots.md` the safety argument).
+//!
+//! Each is one conditional manifest write, so after a crash it happened
+//! completely or not at all. Creating and rolling back seal the open
+//! segment (an empty one too: history needs a sequence number of its own)
+//! and name that seal point's checkpoint in the same write that records the
+//! snapshot or the rollback. Each holds the volume's GC lock throughout: no
+//! garbage collection pass, deletion or orphan sweep runs meanwhile.
+
+use std::sync::Arc;
+
+use super::Volume;
+use crate::clock::now_ms;
+use crate::crash_point::crash_point;
+use crate::error::VolumeError;
+use crate::format::manifest::{
+    validate_snapshot_name, Manifest, ObjectKind, PendingDeletion, RollbackRecord, SnapshotRecord,
+    MAX_PENDING_DELETIONS, MAX_SNAPSHOTS,
+};
+use crate::map::{ExtentMap, SegmentUsage};
+use crate::objects::read_snapshot_map;
+use crate::write::state::State;
+
+impl Volume {
+    /// Takes snapshot `name` of every write acknowledged before the call:
+    /// no data is copied (one seal, one checkpoint, one manifest write).
+    pub async fn create_snapshot(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<SnapshotRecord, VolumeError> {
+        validate_snapshot_name(name).map_err(VolumeError::Invalid)?;
+        self.check_failed()?;
+        let _pass = self.gc_pass.lock().await;
+        let current = self.manifest.current().await;
+        if current.snapshot(name).is_some() {
+            return Err(VolumeError::Invalid(format!(
+                "volume {:?} already has a snapshot named {name:?}",
+                self.name
+            )));
+        }
+        if current.snapshots.len() >= MAX_SNAPSHOTS {
+            return Err(VolumeError::Invalid(format!(
+                "volume {:?} has {MAX_SNAPSHOTS} snapshots, the most it may have; delete one first",
+                self.name
+            )));
+        }
+        let (job, usage) = {
+            let mut st = self.state.lock();
+            self.check_failed_locked(&st)?;
+            let job = self.seal_for_history_locked(&mut st, None);
+            // The map as of the seal point: what the snapshot keeps.
+            let usage = st.map.usage().clone();
+            st.pins.pin(&usage);
+            (job, usage)
+        };
+        let record = SnapshotRecord {
+            name: name.to_string(),
+            checkpoint_seq: job.seq,
+            created_unix_ms: now_ms(),
+            size_bytes: self.size_bytes,
+        };
+        let add = {
+            let record = record.clone();
+            move |m: &mut Manifest| {
+                // Runs just before the manifest write that names it.
+                crash_point("snapshot.before_manifest");
+                m.snapshots.push(record.clone())
+            }
+        };
+        if let Err(detail) = self.store_checkpoint_with(job, Some(&add)).await {
+            self.state.lock().pins.unpin(&usage);
+            return Err(self.failed(format!("snapshot {name:?} not taken: {detail}")));
+        }
+        crash_point("snapshot.after_create");
+        tracing::info!(volume = %self.name, snapshot = name, checkpoint = record.checkpoint_seq, "snapshot taken");
+        Ok(record)
+    }
+
+    /// Deletes snapshot `name`: its checkpoint becomes a pending deletion,
+    /// and the segments only it kept become garbage for the next GC pass.
+    pub async fn delete_snapshot(self: &Arc<Self>, name: &str) -> Result<(), VolumeError> {
+        validate_snapshot_name(name).map_err(VolumeError::Invalid)?;
+        self.check_failed()?;
+        let _pass = self.gc_pass.lock().await;
+        let current = self.manifest.current().await;
+        let record = self.snapshot_record(&current, name)?;
+        // What it kept, read back from its checkpoint (pins hold counts only).
+        let usage = self.snapshot_map(&record).await?.usage().clone();
+        let now = now_ms();
+        let change = |m: &Manifest| {
+            let mut next = m.clone();
+            next.snapshots.retain(|s| s.name != name);
+            let seq = record.checkpoint_seq;
+            let named = m.checkpoint_seq == Some(seq);
+            let full = next.pending_deletions.len() >= MAX_PENDING_DELETIONS;
+            // The named checkpoint goes when the next one replaces it; with
+            // the list full, the orphan sweep finds it.
+            if seq != 0 && !named && !full {
+                next.pending_deletions.push(PendingDeletion {
+                    kind: ObjectKind::Checkpoint,
+                    seq,
+                    since_unix_ms: now,
+                    bytes: 0,
+                });
+            }
+            Some(next)
+        };
+        let update = self.manifest.update(&self.store, &self.ownership, change);
+        if let Err(refused) = update.await {
+            return Err(self.failed(format!(
+                "snapshot {name:?} not deleted: {}",
+                self.refused(refused)
+            )));
+        }
+        crash_point("snapshot.after_delete");
+        self.state.lock().pins.unpin(&usage);
+        self.gc_wake.notify_one();
+        tracing::info!(volume = %self.name, snapshot = name, "snapshot deleted");
+        Ok(())
+    }
+
+    /// Makes the volume what it was when snapshot `name` was taken; every
+    /// write since is dropped (the snapshot stays). For a volume no client
+    /// uses: the caller makes sure nobody serves it.
+    pub async fn rollback_to_snapshot(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<RollbackRecord, VolumeError> {
+        validate_snapshot_name(name).map_err(VolumeError::Invalid)?;
+        self.check_failed()?;
+        let _pass = self.gc_pass.lock().await;
+        let current = self.manifest.current().await;
+        let record = self.snapshot_record(&current, name)?;
+        if record.size_bytes != self.size_bytes {
+            return Err(VolumeError::Invalid(format!(
+                "snapshot {name:?} is {} bytes and volume {:?} {} bytes: resize the volume to the snapshot's size first",
+                record.size_bytes, self.name, self.size_bytes
+            )));
+        }
+        let map = self.snapshot_map(&record).await?;
+        let job = {
+            let mut st = self.state.lock();
+            self.check_failed_locked(&st)?;
+            check_kept(&st, map.usage(), &self.name, name)?;
+            self.seal_for_history_locked(&mut st, Some(map))
+        };
+        let rollback = RollbackRecord {
+            snapshot: name.to_string(),
+            checkpoint_seq: job.seq,
+            unix_ms: now_ms(),
+        };
+        let add = {
+            let rollback = rollback.clone();
+            move |m: &mut Manifest| {
+                crash_point("rollback.before_manifest");
+                m.last_rollback = Some(rollback.clone())
+            }
+        };
+        let stored = self.store_checkpoint_with(job, Some(&add)).await;
+        let named = self.manifest.current().await.checkpoint_seq == Some(rollback.checkpoint_seq);
+        match stored {
+            Ok(()) if named => {}
+            Ok(()) => {
+                let detail =
+                    "a newer checkpoint was named first (was the volume written meanwhile?)";
+                return Err(self.failed(format!("rollback to {name:?} not done: {detail}")));
+            }
+            Err(detail) => {
+                return Err(self.failed(format!("rollback to {name:?} not done: {detail}")));
+            }
+        }
+        crash_point("rollback.after_manifest");
+        tracing::info!(volume = %self.name, snapshot = name, checkpoint = rollback.checkpoint_seq, "rolled back");
+        Ok(rollback)
+    }
+
+    fn snapshot_record(&self, m: &Manifest, name: &str) -> Result<SnapshotRecord, VolumeError> {
+        m.snapshot(name)
+            .cloned()
+            .ok_or_else(|| VolumeError::SnapshotNotFound {
+                volume: self.name.clone(),
+                snapshot: name.to_string(),
+            })
+    }
+
+    /// The map of a snapshot of this volume, from its checkpoint.
+    pub(crate) async fn snapshot_map(
+        &self,
+        record: &SnapshotRecord,
+    ) -> Result<ExtentMap, VolumeError> {
+        read_snapshot_map(&self.store, &self.names, &self.name, self.uuid, record).await
+    }
+
+    /// Pins the segments of every snapshot in `m` (at open).
+    pub(crate) async fn pin_snapshots(&self, m: &Manifest) -> Result<(), VolumeError> {
+        for record in &m.snapshots {
+            let usage = self.snapshot_map(record).await?.usage().clone();
+            self.state.lock().pins.pin(&usage);
+        }
+        Ok(())
+    }
+
+    fn check_failed_locked(&self, st: &State) -> Result<(), VolumeError> {
+        match &st.failed {
+            Some(detail) => Err(VolumeError::Failed {
+                name: self.name.clone(),
+                detail: detail.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn failed(&self, detail: String) -> VolumeError {
+        VolumeError::NotDone {
+            name: self.name.clone(),
+            detail,
+        }
+    }
+}
+
+/// Every segment a snapshot's map points into must still be stored (pins
+/// kept them; anything else is a bug or damage, reported, not rolled to).
+fn check_kept(
+    st: &State,
+    usage: &SegmentUsage,
+    volume: &str,
+    snapshot: &str,
+) -> Result<(), VolumeError> {
+    for (seq, _) in usage.iter() {
+        if !st.stored.contains_key(&seq) && !st.sealed.contains_key(&seq) {
+            return Err(VolumeError::Corrupt {
+                path: format!("{volume}@{snapshot}"),
+                detail: format!(
+                    "the snapshot's map points into segment {seq}, which is not in the store"
+                ),
+            });
+        }
+    }
+    Ok(())
+}

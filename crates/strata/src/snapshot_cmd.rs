@@ -1,0 +1,115 @@
+//! `strata snapshot`: create, list, delete, roll back. Create and delete
+//! go through the server on this host when it serves the volume; a volume
+//! nobody serves is opened here (its lease held) for the operation.
+
+use anyhow::{bail, Context};
+use strata_volume::{split_export_name, Engine, ExportName, SnapshotRecord};
+
+use crate::cli::SnapshotCommand;
+use crate::control::{self, Request};
+use crate::size::format_size;
+
+pub async fn run(engine: &Engine, cmd: &SnapshotCommand) -> anyhow::Result<()> {
+    match cmd {
+        SnapshotCommand::Create { target, json } => {
+            let (volume, snapshot) = split_target(target)?;
+            let req = Request::SnapshotCreate {
+                volume: volume.into(),
+                snapshot: snapshot.into(),
+            };
+            let what = format!("take snapshot {target}");
+            let command = format!("strata snapshot create {target}");
+            let record: SnapshotRecord =
+                match control::on_serving_server(engine, volume, &req, &what, &command).await? {
+                    Some(v) => serde_json::from_value(v).context("the server's reply")?,
+                    None => engine.create_snapshot(volume, snapshot).await?,
+                };
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&record)?);
+            } else {
+                println!(
+                    "created snapshot {volume}@{} (checkpoint {}); served read-only as export {volume}@{}",
+                    record.name, record.checkpoint_seq, record.name
+                );
+            }
+        }
+        SnapshotCommand::List { volume, json } => {
+            let snapshots = engine.list_snapshots(volume).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&snapshots)?);
+            } else if snapshots.is_empty() {
+                println!("volume {volume} has no snapshots");
+            } else {
+                print_table(&snapshots);
+            }
+        }
+        SnapshotCommand::Delete { target } => {
+            let (volume, snapshot) = split_target(target)?;
+            let req = Request::SnapshotDelete {
+                volume: volume.into(),
+                snapshot: snapshot.into(),
+            };
+            let what = format!("delete snapshot {target}");
+            let command = format!("strata snapshot delete {target}");
+            if control::on_serving_server(engine, volume, &req, &what, &command)
+                .await?
+                .is_none()
+            {
+                engine.delete_snapshot(volume, snapshot).await?;
+            }
+            println!("deleted snapshot {target}; garbage collection reclaims what only it kept");
+        }
+        SnapshotCommand::Rollback { target } => {
+            let (volume, snapshot) = split_target(target)?;
+            let stats = Request::Stats {
+                volume: volume.into(),
+            };
+            let dir = &engine.config().data_dir;
+            if let Some(control::Reply::Ok(_)) = control::ask(dir, &stats).await? {
+                bail!("volume {volume:?} is being served by the strata server on this host; stop serving it before a rollback (its clients would see the data change under them)");
+            }
+            let r = engine.rollback_snapshot(volume, snapshot).await?;
+            println!(
+                "rolled {volume} back to snapshot {} (checkpoint {}); writes since the snapshot are gone",
+                r.snapshot, r.checkpoint_seq
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `VOLUME@SNAPSHOT`, both names checked.
+fn split_target(target: &str) -> anyhow::Result<(&str, &str)> {
+    match split_export_name(target) {
+        Ok(ExportName::Snapshot { volume, snapshot }) => Ok((volume, snapshot)),
+        Ok(ExportName::Volume(_)) => {
+            bail!("{target:?} names a volume; give VOLUME@SNAPSHOT, e.g. {target}@before-upgrade")
+        }
+        Err(e) => bail!("bad snapshot {target:?}: {e}"),
+    }
+}
+
+fn print_table(snapshots: &[SnapshotRecord]) {
+    println!(
+        "{:<32} {:>20} {:>12} {:>11}",
+        "NAME", "CREATED (UTC)", "SIZE", "CHECKPOINT"
+    );
+    for s in snapshots {
+        println!(
+            "{:<32} {:>20} {:>12} {:>11}",
+            s.name,
+            utc(s.created_unix_ms),
+            format_size(s.size_bytes),
+            s.checkpoint_seq
+        );
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS` of a Unix time in milliseconds.
+fn utc(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
+    chrono::DateTime::from_timestamp(secs, 0).map_or_else(
+        || unix_ms.to_string(),
+        |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+    )
+}
