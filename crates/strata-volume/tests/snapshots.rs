@@ -1,0 +1,149 @@
+//! Snapshots against every store backend: taken in constant time (counted
+//! in store requests, not timed), exact while garbage collection runs
+//! concurrently with writes and snapshots (a snapshot taken between a
+//! pass's mark and its deletions), kept across a reopen, and their space
+//! returned once deleted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use strata_store::Store;
+use strata_volume::{Engine, SnapshotView, VolumeConfig};
+
+const GIB: u64 = 1 << 30;
+
+/// Store requests of every kind so far.
+fn requests(store: &Store) -> u64 {
+    let r = store.stats().layers.requests;
+    r.ops().iter().map(|(_, m)| m.requests).sum()
+}
+
+async fn assert_view_matches(view: &Arc<SnapshotView>, model: &[u8], what: &str) {
+    let mut buf = vec![0u8; MIB as usize];
+    for start in (0..VOLUME_BYTES).step_by(MIB as usize) {
+        view.read(start, &mut buf).await.unwrap();
+        let s = start as usize;
+        if buf[..] != model[s..s + MIB as usize] {
+            let i = buf
+                .iter()
+                .zip(&model[s..])
+                .position(|(a, b)| a != b)
+                .unwrap();
+            panic!("{what}: byte {} differs", s + i);
+        }
+    }
+}
+
+/// The same writes (100 of 64 KiB, spread over the whole volume) on a
+/// 1 GiB and a 100 GiB volume: a snapshot of each costs the same number of
+/// store requests, and few (a seal point's segment, its checkpoint, the
+/// manifest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_costs_the_same_store_requests_on_1_gib_and_100_gib() {
+    let mut costs = Vec::new();
+    for size in [GIB, 100 * GIB] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::local(&dir.path().join("store")).unwrap();
+        let mut config = VolumeConfig::new(dir.path().join("data"));
+        config.gc.enabled = false;
+        config.segment_max_age_ms = 3_600_000;
+        config.lease_ttl_ms = 3_600_000;
+        let engine = Engine::new(store.clone(), config).unwrap();
+        engine.create_volume("v", size).await.unwrap();
+        let vol = engine.open_volume("v").await.unwrap();
+        let data = vec![0x5au8; 64 << 10];
+        for i in 0..100u64 {
+            vol.write(i * (size / 100), &data, false).await.unwrap();
+        }
+        vol.flush().await.unwrap();
+        let before = requests(&store);
+        vol.create_snapshot("s").await.unwrap();
+        let cost = requests(&store) - before;
+        let view = engine.open_snapshot("v", "s").await.unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        view.read(99 * (size / 100), &mut buf).await.unwrap();
+        assert_eq!(buf, data, "{size}: the snapshot's last write");
+        vol.close().await.unwrap();
+        costs.push(cost);
+    }
+    eprintln!(
+        "store requests per snapshot: 1 GiB {}, 100 GiB {}",
+        costs[0], costs[1]
+    );
+    assert_eq!(costs[0], costs[1], "store requests: 1 GiB vs 100 GiB");
+    assert!(costs[0] <= 6, "a snapshot took {} store requests", costs[0]);
+}
+
+/// Random writes, TRIMs and zeroes with garbage collection running in the
+/// background (and explicit passes between rounds); a snapshot after each
+/// round. Every snapshot reads back exactly what the volume held when it
+/// was taken: after later overwrites and passes, after a reopen, and after
+/// other snapshots are deleted. Deleting them all gives the space back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshots_stay_exact_while_gc_runs_and_after_a_reopen() {
+    const ROUNDS: usize = 4;
+    for (backend, store, dir) in backends().await {
+        let mut config = small_config(dir.path());
+        config.gc.grace_ms = 0;
+        let engine = Engine::new(store.clone(), config.clone()).unwrap();
+        engine.create_volume("v", VOLUME_BYTES).await.unwrap();
+        let vol = engine.open_volume("v").await.unwrap();
+        let mut model = vec![0u8; VOLUME_BYTES as usize];
+        let mut rng = Rng(0x5eed ^ backend.len() as u64);
+        let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+        for round in 0..ROUNDS {
+            for _ in 0..150 {
+                random_op(&vol, &mut model, &mut rng).await;
+            }
+            if round % 2 == 1 {
+                vol.gc_now(false).await.unwrap();
+            }
+            let name = format!("s{round}");
+            vol.create_snapshot(&name).await.unwrap();
+            kept.push((name, model.clone()));
+        }
+        for _ in 0..150 {
+            random_op(&vol, &mut model, &mut rng).await;
+        }
+        vol.gc_now(true).await.unwrap();
+        for (name, want) in &kept {
+            let view = engine.open_snapshot("v", name).await.unwrap();
+            assert_view_matches(&view, want, &format!("{backend}: {name} after GC")).await;
+        }
+        assert_matches(&vol, &model, &format!("{backend}: the volume")).await;
+        vol.close().await.unwrap();
+        drop(engine);
+
+        let engine = Engine::new(store.clone(), config.clone()).unwrap();
+        let vol = engine.open_volume("v").await.unwrap();
+        assert_matches(&vol, &model, &format!("{backend}: the volume, reopened")).await;
+        // Every other snapshot goes; GC runs; the rest stay exact.
+        for (name, _) in kept.iter().step_by(2) {
+            vol.delete_snapshot(name).await.unwrap();
+        }
+        vol.gc_now(true).await.unwrap();
+        for (name, want) in kept.iter().skip(1).step_by(2) {
+            let view = engine.open_snapshot("v", name).await.unwrap();
+            assert_view_matches(&view, want, &format!("{backend}: {name}, reopened")).await;
+        }
+        for (name, _) in kept.iter().skip(1).step_by(2) {
+            vol.delete_snapshot(name).await.unwrap();
+        }
+        vol.gc_now(true).await.unwrap();
+        let space = vol.stats().space;
+        assert!(
+            space.stored_bytes * 2 <= space.live_bytes * 3 + 2 * config.segment_bytes,
+            "{backend}: stored {} bytes for {} live once every snapshot is gone",
+            space.stored_bytes,
+            space.live_bytes
+        );
+        assert_eq!(vol.stats().snapshot_pinned_segments, 0, "{backend}");
+        assert_matches(&vol, &model, &format!("{backend}: the volume at the end")).await;
+        vol.close().await.unwrap();
+        assert_accounting(&vol, &store, backend).await;
+    }
+}

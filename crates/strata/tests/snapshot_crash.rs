@@ -1,0 +1,227 @@
+//! Snapshot operations killed at each step (named crash points: the
+//! process aborts where `STRATA_CRASH_AT` says, as kill -9 would stop it):
+//! a create once its checkpoint is stored but not named, and after the
+//! manifest write; a delete after its write; a rollback before and after
+//! its write. After each, the restarted server shows the operation done
+//! completely or not at all (`snapshot list`, `volume info`), every
+//! acknowledged write reads back, and the next operations work.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::clients::{qemu_io, qemu_io_verify};
+use common::*;
+
+const VOL: u64 = 32 * MIB;
+const DATA_MIB: u64 = 8;
+const ARGS: [&str; 4] = ["--segment-size", "1MiB", "--gc-grace-ms", "0"];
+
+fn fill(pattern: u8) -> Vec<String> {
+    let mut cmds: Vec<String> = (0..DATA_MIB)
+        .map(|i| format!("write -P {pattern:#x} {i}M 1M"))
+        .collect();
+    cmds.push("flush".into());
+    cmds
+}
+
+fn expect(pattern: u8) -> Vec<String> {
+    vec![
+        format!("read -P {pattern:#x} 0 {DATA_MIB}M"),
+        format!("read -P 0 {DATA_MIB}M {}M", VOL / MIB - DATA_MIB),
+    ]
+}
+
+fn write(server: &Server, pattern: u8) {
+    let out = qemu_io(&server.vol_uri(), &fill(pattern));
+    assert!(out.status.success(), "{}", stderr_str(&out));
+}
+
+fn cli_ok(server: &Server, args: &[&str]) -> String {
+    let out = server.cli(args);
+    assert!(
+        out.status.success(),
+        "strata {args:?} failed:\n{}{}",
+        stdout_str(&out),
+        stderr_str(&out)
+    );
+    stdout_str(&out)
+}
+
+fn snapshots(server: &Server) -> Vec<String> {
+    let json = cli_ok(server, &["snapshot", "list", "vol", "--json"]);
+    let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Asks the server (which has `STRATA_CRASH_AT=point`) to run `args` and
+/// checks that it aborted there; restarts it without the crash point.
+fn crash_server_at(server: &mut Server, point: &str, args: &[&str]) {
+    let out = server.cli(args);
+    assert!(
+        !out.status.success(),
+        "{point}: {args:?} did not fail: {}",
+        stdout_str(&out)
+    );
+    let status = server.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "{point}: server did not abort: {status:?}"
+    );
+    assert!(
+        server
+            .stderr()
+            .contains(&format!("STRATA_CRASH_AT={point}")),
+        "{point}: aborted elsewhere:\n{}",
+        server.stderr()
+    );
+    server.target = Target::strata_with(&ARGS);
+    server.start_again();
+}
+
+fn create_killed_at(tmp: &std::path::Path, point: &str, done: bool) {
+    let dir = tmp.join(point.replace('.', "-"));
+    let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
+    let mut server = Server::start(&dir, crashing, &[("vol", VOL)]);
+    write(&server, 0x11);
+    crash_server_at(&mut server, point, &["snapshot", "create", "vol@s"]);
+    let listed = snapshots(&server);
+    assert_eq!(
+        listed.contains(&"s".to_string()),
+        done,
+        "{point}: snapshots after the crash: {listed:?}"
+    );
+    qemu_io_verify(
+        &server.vol_uri(),
+        &expect(0x11),
+        &format!("{point}: the volume"),
+    );
+    if done {
+        qemu_io_verify(
+            &server.uri("vol@s"),
+            &expect(0x11),
+            &format!("{point}: the snapshot"),
+        );
+    } else {
+        cli_ok(&server, &["snapshot", "create", "vol@s"]);
+    }
+    write(&server, 0x22);
+    cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
+    qemu_io_verify(
+        &server.uri("vol@s"),
+        &expect(0x11),
+        &format!("{point}: the snapshot after GC"),
+    );
+    qemu_io_verify(
+        &server.vol_uri(),
+        &expect(0x22),
+        &format!("{point}: the volume after GC"),
+    );
+    server.stop();
+}
+
+#[test]
+fn a_snapshot_create_killed_at_each_step_happened_or_not() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    assert_eq!(
+        strata_volume::SNAPSHOT_CRASH_POINTS.len(),
+        5,
+        "a crash point without a test"
+    );
+    create_killed_at(tmp.path(), "snapshot.before_manifest", false);
+    create_killed_at(tmp.path(), "snapshot.after_create", true);
+}
+
+#[test]
+fn a_snapshot_delete_killed_after_its_write_is_done_and_space_comes_back() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let point = "snapshot.after_delete";
+    let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
+    let mut server = Server::start(tmp.path(), crashing, &[("vol", VOL)]);
+    write(&server, 0x11);
+    cli_ok(&server, &["snapshot", "create", "vol@s"]);
+    write(&server, 0x22);
+    crash_server_at(&mut server, point, &["snapshot", "delete", "vol@s"]);
+    assert!(
+        snapshots(&server).is_empty(),
+        "{point}: the snapshot is still listed"
+    );
+    qemu_io_verify(
+        &server.vol_uri(),
+        &expect(0x22),
+        "the volume after the crash",
+    );
+    cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
+    let info: serde_json::Value =
+        serde_json::from_str(&cli_ok(&server, &["volume", "info", "vol", "--json"])).unwrap();
+    let stored = info["stored_bytes"].as_u64().unwrap();
+    let live = DATA_MIB * MIB;
+    assert!(
+        stored * 2 < live * 3,
+        "{point}: {stored} bytes stored for {live} live"
+    );
+    qemu_io_verify(&server.vol_uri(), &expect(0x22), "the volume after GC");
+    server.stop();
+}
+
+/// Rollback runs in the CLI (nobody may serve the volume): the CLI is what
+/// aborts.
+#[test]
+fn a_rollback_killed_before_and_after_its_write_happened_or_not() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    for (point, done) in [
+        ("rollback.before_manifest", false),
+        ("rollback.after_manifest", true),
+    ] {
+        let dir = tmp.path().join(point.replace('.', "-"));
+        let mut server = Server::start(&dir, Target::strata_with(&ARGS), &[("vol", VOL)]);
+        write(&server, 0x11);
+        cli_ok(&server, &["snapshot", "create", "vol@s"]);
+        write(&server, 0x22);
+        server.stop();
+        server.target = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
+        let out = server.cli(&["snapshot", "rollback", "vol@s"]);
+        assert!(
+            !out.status.success() && stderr_str(&out).contains(&format!("STRATA_CRASH_AT={point}")),
+            "{point}: rollback did not abort there: {}",
+            stderr_str(&out)
+        );
+        server.target = Target::strata_with(&ARGS);
+        let info = cli_ok(&server, &["volume", "info", "vol"]);
+        assert_eq!(info.contains("rollback:"), done, "{point}:\n{info}");
+        server.start_again();
+        let now = if done { 0x11 } else { 0x22 };
+        qemu_io_verify(
+            &server.vol_uri(),
+            &expect(now),
+            &format!("{point}: the volume"),
+        );
+        qemu_io_verify(
+            &server.uri("vol@s"),
+            &expect(0x11),
+            &format!("{point}: the snapshot"),
+        );
+        server.stop();
+        if !done {
+            cli_ok(&server, &["snapshot", "rollback", "vol@s"]);
+            server.start_again();
+            qemu_io_verify(
+                &server.vol_uri(),
+                &expect(0x11),
+                &format!("{point}: rolled back after all"),
+            );
+            server.stop();
+        }
+    }
+}
