@@ -4,7 +4,8 @@
 //! <volume>/manifest                    small; latest checkpoint, identity
 //! <volume>/segments/<seq:016x>         immutable log segments
 //! <volume>/checkpoints/<seq:016x>      extent map as of segment <seq>
-//! <volume>/lease                       one-writer lease (later)
+//! <volume>/lease                       one-writer lease
+//! <volume>/clones/<snapshot>/<clone>   a clone made from that snapshot
 //! ```
 //! Sequence numbers are zero-padded hex so a listing sorts in log order.
 
@@ -79,6 +80,22 @@ impl ObjectNames {
 
     pub fn checkpoint(&self, seq: u64) -> Path {
         Path::from(format!("{}/checkpoints/{seq:016x}", self.volume))
+    }
+
+    /// Where clones of this volume's snapshots are registered.
+    pub fn clone_markers_prefix(&self) -> Path {
+        Path::from(format!("{}/clones", self.volume))
+    }
+
+    /// The markers of clones made from snapshot `snapshot`.
+    pub fn snapshot_clones_prefix(&self, snapshot: &str) -> Path {
+        Path::from(format!("{}/clones/{snapshot}", self.volume))
+    }
+
+    /// The marker saying volume `clone` was made from snapshot `snapshot`
+    /// of this volume (both names validated by the caller).
+    pub fn clone_marker(&self, snapshot: &str, clone: &str) -> Path {
+        Path::from(format!("{}/clones/{snapshot}/{clone}", self.volume))
     }
 
     /// The sequence number in a segment or checkpoint object name, if it is one.

@@ -20,13 +20,19 @@ pub const GC_CRASH_POINTS: &[&str] = &[
 /// Crash points of snapshot operations (`volume/snapshot.rs`): for a
 /// create and a rollback, once the seal point's checkpoint is stored but
 /// before the manifest write that names it (with the snapshot or the
-/// rollback), and after that write; for a delete, after its one write.
+/// rollback), and after that write; for a delete, once the snapshot is
+/// marked as being deleted (clones are checked next) and after the write
+/// that drops it; then a clone's creation after its marker and after its
+/// manifest (before it checks the parent snapshot).
 pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
     "snapshot.before_manifest",
     "snapshot.after_create",
+    "snapshot.marked_deleting",
     "snapshot.after_delete",
     "rollback.before_manifest",
     "rollback.after_manifest",
+    "clone.after_marker",
+    "clone.after_manifest",
 ];
 
 /// Right after a fragmented read's pieces were repointed to the open

@@ -147,3 +147,68 @@ async fn snapshots_stay_exact_while_gc_runs_and_after_a_reopen() {
         assert_accounting(&vol, &store, backend).await;
     }
 }
+
+/// A clone made while its snapshot is being deleted: never both. The two
+/// run together, round after round, over a store with random latency so
+/// their steps interleave differently. After each round: a clone that was
+/// made reads the snapshot's data and its snapshot is still there; a
+/// snapshot that was deleted left no clone behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clone_made_while_its_snapshot_is_deleted_never_outlives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = strata_store::FaultConfig::parse("latency_ms=1,jitter_ms=6,seed=11").unwrap();
+    let store = Store::in_memory_with(&strata_store::LayerConfig {
+        faults: Some(faults),
+        ..strata_store::LayerConfig::default()
+    });
+    let engine = Engine::new(store.clone(), small_config(dir.path())).unwrap();
+    engine.create_volume("p", VOLUME_BYTES).await.unwrap();
+    let vol = engine.open_volume("p").await.unwrap();
+    let data = vec![0x77u8; MIB as usize];
+    vol.write(0, &data, false).await.unwrap();
+    let (mut clones, mut deletions, mut neither) = (0, 0, 0);
+    for round in 0..40 {
+        let snap = format!("s{round}");
+        let clone = format!("c{round}");
+        vol.create_snapshot(&snap).await.unwrap();
+        // The deletion starts 0 to 19 ms after the clone: each step of one
+        // meets a different step of the other.
+        let stagger = std::time::Duration::from_millis(round % 20);
+        let delete = async {
+            tokio::time::sleep(stagger).await;
+            vol.delete_snapshot(&snap).await
+        };
+        let (made, deleted) = tokio::join!(engine.create_clone("p", &snap, &clone), delete);
+        let listed = engine.list_snapshots("p").await.unwrap();
+        let snapshot_left = listed.iter().any(|s| s.name == snap);
+        match (made, deleted) {
+            (Ok(_), Ok(())) => panic!("round {round}: the clone was made and its snapshot deleted"),
+            (Ok(_), Err(e)) => {
+                assert!(snapshot_left, "round {round}: {e}");
+                let c = engine.open_volume(&clone).await.unwrap();
+                let mut buf = vec![0u8; MIB as usize];
+                c.read(0, &mut buf).await.unwrap();
+                assert_eq!(buf, data, "round {round}: the clone's data");
+                c.close().await.unwrap();
+                clones += 1;
+            }
+            (Err(_), Ok(())) => {
+                assert!(!snapshot_left, "round {round}");
+                let gone = engine.volume_info(&clone).await;
+                assert!(
+                    gone.is_err(),
+                    "round {round}: a clone of a deleted snapshot: {gone:?}"
+                );
+                deletions += 1;
+            }
+            (Err(_), Err(_)) => {
+                assert!(snapshot_left, "round {round}");
+                neither += 1;
+            }
+        }
+    }
+    eprintln!(
+        "40 races: {clones} clones made, {deletions} snapshots deleted, {neither} both refused"
+    );
+    vol.close().await.unwrap();
+}

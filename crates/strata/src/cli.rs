@@ -83,8 +83,19 @@ pub enum VolumeCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a volume and everything it stored. Not undoable.
+    /// Delete a volume and everything it stored. Not undoable. Refused
+    /// while clones of its snapshots exist.
     Delete { name: String },
+    /// Make a writable clone of a snapshot, in constant time: the new
+    /// volume starts as the snapshot and shares its data (nothing is
+    /// copied); its writes are its own. Clones of clones nest up to 16
+    /// deep. The snapshot cannot be deleted while the clone exists.
+    Clone {
+        /// PARENT@SNAPSHOT
+        source: String,
+        /// The new volume's name.
+        name: String,
+    },
     /// Reclaim space now: rewrite partly-dead segments and delete what
     /// nothing references. Asks the server on this host that serves the
     /// volume (through <data-dir>/control.sock); when nobody serves it,

@@ -232,6 +232,14 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                 print_history_info(&v);
             }
         }
+        VolumeCommand::Clone { source, name } => {
+            let (parent, snapshot) = snapshot_cmd::split_target(source)?;
+            let m = engine.create_clone(parent, snapshot, name).await?;
+            println!(
+                "created volume {name} ({}), a clone of {parent}@{snapshot}",
+                format_size(m.size_bytes)
+            );
+        }
         VolumeCommand::Delete { name } => {
             engine.delete_volume(name).await?;
             println!("deleted volume {name}");
@@ -303,6 +311,9 @@ fn print_space_info(v: &strata_volume::VolumeInfo) {
 
 /// The snapshot lines of `volume info`.
 fn print_history_info(v: &strata_volume::VolumeInfo) {
+    if let Some(p) = &v.parent {
+        println!("clone of:    {}@{}", p.volume, p.snapshot);
+    }
     let names: Vec<&str> = v.snapshots.iter().map(|s| s.name.as_str()).collect();
     match names.len() {
         0 => println!("snapshots:   none"),

@@ -30,6 +30,7 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
         max_request_bytes: config.max_request_bytes,
         only: only.clone(),
     });
+    let stop = shutdown_signal();
     let server = Server::bind(exports, &addrs, config)
         .await
         .context("cannot listen")?;
@@ -42,7 +43,7 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     print_uris(&volumes, &server.local_addrs())?;
     let stats_task = start_stats(&engine, args);
     let control_task = crate::control::listen(engine.clone()).await?;
-    let result = server.run(shutdown_signal()).await;
+    let result = server.run(stop).await;
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
     stats_task.abort();
@@ -212,10 +213,19 @@ fn print_uris(volumes: &[VolumeInfo], addrs: &[ListenAddr]) -> anyhow::Result<()
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM / SIGINT handlers now (before `ready` is printed:
+/// a stop right after it must be a clean one) and resolves on either.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
+    async move { wait_for_signals(term, int).await }
+}
+
+async fn wait_for_signals(
+    term: std::io::Result<tokio::signal::unix::Signal>,
+    int: std::io::Result<tokio::signal::unix::Signal>,
+) {
     match (term, int) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {

@@ -79,7 +79,7 @@ pub async fn run(engine: &Engine, cmd: &SnapshotCommand) -> anyhow::Result<()> {
 }
 
 /// `VOLUME@SNAPSHOT`, both names checked.
-fn split_target(target: &str) -> anyhow::Result<(&str, &str)> {
+pub fn split_target(target: &str) -> anyhow::Result<(&str, &str)> {
     match split_export_name(target) {
         Ok(ExportName::Snapshot { volume, snapshot }) => Ok((volume, snapshot)),
         Ok(ExportName::Volume(_)) => {
@@ -95,8 +95,9 @@ fn print_table(snapshots: &[SnapshotRecord]) {
         "NAME", "CREATED (UTC)", "SIZE", "CHECKPOINT"
     );
     for s in snapshots {
+        let deleting = if s.deleting { "  (being deleted)" } else { "" };
         println!(
-            "{:<32} {:>20} {:>12} {:>11}",
+            "{:<32} {:>20} {:>12} {:>11}{deleting}",
             s.name,
             utc(s.created_unix_ms),
             format_size(s.size_bytes),

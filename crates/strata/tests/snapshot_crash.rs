@@ -132,8 +132,8 @@ fn a_snapshot_create_killed_at_each_step_happened_or_not() {
     let tmp = tempfile::TempDir::new().unwrap();
     assert_eq!(
         strata_volume::SNAPSHOT_CRASH_POINTS.len(),
-        5,
-        "a crash point without a test"
+        8,
+        "a crash point without a test (the clone's are in clones.rs)"
     );
     create_killed_at(tmp.path(), "snapshot.before_manifest", false);
     create_killed_at(tmp.path(), "snapshot.after_create", true);
@@ -170,6 +170,40 @@ fn a_snapshot_delete_killed_after_its_write_is_done_and_space_comes_back() {
         "{point}: {stored} bytes stored for {live} live"
     );
     qemu_io_verify(&server.vol_uri(), &expect(0x22), "the volume after GC");
+    server.stop();
+}
+
+/// A delete killed once the snapshot is marked as being deleted (before
+/// it checks for clones): the snapshot is still there, no clone can be made
+/// of it, and the next delete finishes the job.
+#[test]
+fn a_snapshot_delete_killed_after_marking_is_finished_by_the_next() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let point = "snapshot.marked_deleting";
+    let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
+    let mut server = Server::start(tmp.path(), crashing, &[("vol", VOL)]);
+    write(&server, 0x11);
+    cli_ok(&server, &["snapshot", "create", "vol@s"]);
+    crash_server_at(&mut server, point, &["snapshot", "delete", "vol@s"]);
+    assert_eq!(snapshots(&server), vec!["s".to_string()], "{point}");
+    let listed = cli_ok(&server, &["snapshot", "list", "vol"]);
+    assert!(listed.contains("(being deleted)"), "{listed}");
+    qemu_io_verify(
+        &server.uri("vol@s"),
+        &expect(0x11),
+        "the snapshot after the crash",
+    );
+    let out = server.cli(&["volume", "clone", "vol@s", "c"]);
+    assert!(
+        !out.status.success() && stderr_str(&out).contains("is being deleted"),
+        "{}",
+        stderr_str(&out)
+    );
+    cli_ok(&server, &["snapshot", "delete", "vol@s"]);
+    assert!(snapshots(&server).is_empty());
+    qemu_io_verify(&server.vol_uri(), &expect(0x11), "the volume");
     server.stop();
 }
 

@@ -4,6 +4,7 @@
 //! its clients), the caches they share, and create / list / info / delete;
 //! snapshots by name are in `snapshots.rs`.
 
+mod clones;
 mod snapshots;
 
 use std::collections::HashMap;
@@ -18,12 +19,33 @@ use tokio::sync::OnceCell;
 use crate::clock::now_ms;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
-use crate::format::manifest::{GcPassRecord, Manifest, RollbackRecord, SnapshotRecord};
+use crate::format::manifest::{
+    GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord,
+};
 use crate::gc::GcPassReport;
-use crate::objects::{list_segments, read_checkpoint, read_manifest, store_error};
+use crate::objects::{
+    list_clone_markers, list_segments, read_checkpoint, read_manifest, store_error,
+};
 use crate::ownership::{read_lease, take_ownership};
 use crate::read::{ReadPathStats, SharedCaches};
 use crate::volume::{Volume, VolumeStats};
+
+/// The manifest of a new volume (a clone if `parent` is given).
+pub(crate) fn new_manifest(name: &str, size_bytes: u64, parent: Option<ParentRecord>) -> Manifest {
+    Manifest {
+        name: name.to_string(),
+        uuid: uuid::Uuid::new_v4().simple().to_string(),
+        size_bytes,
+        created_unix_ms: now_ms(),
+        checkpoint_seq: None,
+        epoch: 0,
+        pending_deletions: Vec::new(),
+        last_gc: None,
+        snapshots: Vec::new(),
+        last_rollback: None,
+        parent,
+    }
+}
 
 /// Largest volume accepted: 1 PiB.
 pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
@@ -58,6 +80,8 @@ pub struct VolumeInfo {
     pub snapshots: Vec<SnapshotRecord>,
     /// The last rollback to a snapshot, if any.
     pub last_rollback: Option<RollbackRecord>,
+    /// For a clone: the snapshot it was made from.
+    pub parent: Option<ParentRecord>,
 }
 
 /// What `Engine::stats` reports (the `--stats-file` JSON).
@@ -119,18 +143,14 @@ impl Engine {
                 "volume size must be a positive multiple of 512 bytes, at most 1 PiB (got {size_bytes})"
             )));
         }
-        let manifest = Manifest {
-            name: name.to_string(),
-            uuid: uuid::Uuid::new_v4().simple().to_string(),
-            size_bytes,
-            created_unix_ms: now_ms(),
-            checkpoint_seq: None,
-            epoch: 0,
-            pending_deletions: Vec::new(),
-            last_gc: None,
-            snapshots: Vec::new(),
-            last_rollback: None,
-        };
+        let manifest = new_manifest(name, size_bytes, None);
+        self.create_manifest(&manifest).await?;
+        Ok(manifest)
+    }
+
+    /// Writes the manifest of a new volume; fails if the name is taken.
+    pub(crate) async fn create_manifest(&self, manifest: &Manifest) -> Result<(), VolumeError> {
+        let name = manifest.name.as_str();
         let path = ObjectNames::new(name).manifest();
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -155,7 +175,7 @@ impl Engine {
                 what: format!("sync {path}"),
                 source,
             })?;
-        Ok(manifest)
+        Ok(())
     }
 
     /// Every volume in the store, by name.
@@ -226,6 +246,7 @@ impl Engine {
             last_gc: m.last_gc,
             snapshots: m.snapshots,
             last_rollback: m.last_rollback,
+            parent: m.parent,
             name: m.name,
             size_bytes: m.size_bytes,
             uuid: m.uuid,
@@ -314,9 +335,11 @@ impl Engine {
             )));
         }
         // Refuse while any server holds the volume; hold it while deleting.
-        let (_ownership, manifest, _) = take_ownership(&self.store, &self.config, name).await?;
+        let (_ownership, manifest, version) =
+            take_ownership(&self.store, &self.config, name).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
+        self.refuse_if_cloned(&manifest, &version).await?;
         // The manifest goes first: from then on the volume does not exist,
         // whatever happens to the rest.
         self.store
@@ -335,6 +358,16 @@ impl Engine {
                 Err(e) => return Err(store_error(&self.store, "delete", &o.location)(e)),
             }
         }
+        if let Some(parent) = &manifest.parent {
+            // No longer a clone of anything: the parent snapshot may go.
+            let marker = ObjectNames::new(&parent.volume).clone_marker(&parent.snapshot, name);
+            match self.store.delete(&marker).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(marker = %marker, error = %e, "cannot delete this clone's marker under its parent; deleting the parent's snapshot removes it")
+                }
+            }
+        }
         {
             let jpath = self.config.journal_path(name, &uuid);
             match std::fs::remove_file(&jpath) {
@@ -349,6 +382,53 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Refuses to delete a volume that has clones: every snapshot is marked
+    /// `deleting` first (no clone can be made of them any more), then the
+    /// markers are listed; with live clones the marks are undone.
+    async fn refuse_if_cloned(
+        &self,
+        m: &Manifest,
+        version: &object_store::UpdateVersion,
+    ) -> Result<(), VolumeError> {
+        if m.snapshots.is_empty() {
+            return Ok(());
+        }
+        let names = ObjectNames::new(&m.name);
+        let path = names.manifest();
+        let mut marked = m.clone();
+        for s in &mut marked.snapshots {
+            s.deleting = true;
+        }
+        let payload = PutPayload::from(Bytes::from(marked.encode()));
+        let marked_version = self
+            .store
+            .put_if(&path, payload, Some(version))
+            .await
+            .map_err(store_error(&self.store, "update", &path))?;
+        let markers = list_clone_markers(&self.store, &names.clone_markers_prefix()).await?;
+        let live: Vec<&str> = markers
+            .iter()
+            .filter(|f| f.live)
+            .map(|f| f.marker.clone.as_str())
+            .collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let payload = PutPayload::from(Bytes::from(m.encode()));
+        let restored = self
+            .store
+            .put_if(&path, payload, Some(&marked_version))
+            .await;
+        if let Err(e) = restored {
+            tracing::warn!(volume = %m.name, error = %e, "cannot clear the deletion marks of the volume's snapshots");
+        }
+        Err(VolumeError::Busy(format!(
+            "volume {:?} has clones: {}; delete them (or `strata volume flatten` them) first",
+            m.name,
+            live.join(", ")
+        )))
     }
 
     /// The open volume `name`, opening (recovering) it on first use.
@@ -396,6 +476,16 @@ impl Engine {
 
     /// Closes every open volume cleanly.
     pub async fn close_all(&self) -> Result<(), VolumeError> {
+        // Opens still under way (a server opens its volumes in the
+        // background) finish first, so their leases are released too.
+        let opening: Vec<String> = {
+            let open = self.open.lock();
+            let pending = open.iter().filter(|(_, c)| !c.initialized());
+            pending.map(|(n, _)| n.clone()).collect()
+        };
+        for name in opening {
+            let _ = self.open_volume(&name).await;
+        }
         let cells: Vec<_> = self.open.lock().drain().map(|(_, c)| c).collect();
         let volumes: Vec<Arc<Volume>> = cells.iter().filter_map(|c| c.get().cloned()).collect();
         let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;

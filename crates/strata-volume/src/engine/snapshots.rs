@@ -12,7 +12,7 @@ use super::Engine;
 use crate::error::VolumeError;
 use crate::format::manifest::{validate_snapshot_name, RollbackRecord, SnapshotRecord};
 use crate::objects::{read_manifest, read_snapshot_map};
-use crate::snapshot::SnapshotView;
+use crate::snapshot::{resolve_lineage, SnapshotView};
 
 impl Engine {
     /// Takes snapshot `name` of `volume` (`Volume::create_snapshot`).
@@ -87,6 +87,7 @@ impl Engine {
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(volume);
         let map = read_snapshot_map(&self.store, &names, volume, uuid, &record).await?;
+        let lineage = resolve_lineage(&self.store, &m, false).await?.lineage;
         let reader = self.caches.reader(
             volume,
             uuid,
@@ -99,6 +100,8 @@ impl Engine {
             map,
             self.caches.clone(),
             reader,
+            self.store.clone(),
+            lineage,
         ));
         let mut views = self.snapshot_views.lock();
         views.retain(|_, v| v.strong_count() > 0);

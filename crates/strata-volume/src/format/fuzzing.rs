@@ -6,6 +6,7 @@
 use super::bytes::le_u32;
 use super::cache_file::{CacheEntry, CacheSuperblock};
 use super::checkpoint;
+use super::clone_marker::CloneMarker;
 use super::envelope;
 use super::journal::{RecordHeader, Superblock, RECORD_HEADER_BYTES};
 use super::lease::Lease;
@@ -86,6 +87,9 @@ pub fn decode_envelopes(data: &[u8]) {
     }
     if let Ok(l) = Lease::decode(data) {
         assert_eq!(Lease::decode(&l.encode()).ok(), Some(l));
+    }
+    if let Ok(c) = CloneMarker::decode(data) {
+        assert_eq!(CloneMarker::decode(&c.encode()).ok(), Some(c));
     }
 }
 

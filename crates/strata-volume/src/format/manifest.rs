@@ -18,7 +18,7 @@ use super::envelope;
 
 const MAGIC: &[u8; 8] = b"STRATMAN";
 pub const MAX_BODY_BYTES: usize = 1 << 20;
-/// Version 2: snapshots.
+/// Version 2: snapshots, clones.
 const VERSION_SNAPSHOTS: u16 = 2;
 /// Snapshots a volume may have.
 pub const MAX_SNAPSHOTS: usize = 256;
@@ -53,6 +53,24 @@ pub struct Manifest {
     /// The last rollback, recorded in the write that made it happen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rollback: Option<RollbackRecord>,
+    /// For a clone: the snapshot it was made from. Its map starts as that
+    /// snapshot's; segments up to `checkpoint_seq` are the parent's (or
+    /// its ancestors'), never written, moved or deleted by the clone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentRecord>,
+}
+
+/// The snapshot a clone was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRecord {
+    /// The parent volume (same store).
+    pub volume: String,
+    /// The parent's uuid: a volume deleted and created again under the
+    /// same name is not the parent.
+    pub uuid: String,
+    pub snapshot: String,
+    /// The snapshot's checkpoint: the clone's own segments come after it.
+    pub checkpoint_seq: u64,
 }
 
 /// A snapshot: a name for a checkpoint.
@@ -65,6 +83,10 @@ pub struct SnapshotRecord {
     pub created_unix_ms: u64,
     /// The volume's size when the snapshot was taken.
     pub size_bytes: u64,
+    /// Set while a deletion checks for clones (`volume/snapshot.rs`): no
+    /// clone may be made of it meanwhile. Cleared if clones are found.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 /// Longest snapshot name accepted, in bytes.
@@ -150,7 +172,7 @@ impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         // Serialising a struct of strings and integers cannot fail.
         let body = serde_json::to_vec_pretty(self).unwrap_or_default();
-        let version = if self.snapshots.is_empty() {
+        let version = if self.snapshots.is_empty() && self.parent.is_none() {
             1
         } else {
             VERSION_SNAPSHOTS
@@ -170,8 +192,14 @@ impl Manifest {
                 m.pending_deletions.len()
             ));
         }
-        if version < VERSION_SNAPSHOTS && !m.snapshots.is_empty() {
-            return Err("manifest version 1 lists snapshots".into());
+        if version < VERSION_SNAPSHOTS && (!m.snapshots.is_empty() || m.parent.is_some()) {
+            return Err("manifest version 1 lists snapshots or a parent".into());
+        }
+        if let Some(p) = &m.parent {
+            strata_store::validate_volume_name(&p.volume)
+                .map_err(|e| format!("manifest parent: {e}"))?;
+            validate_snapshot_name(&p.snapshot).map_err(|e| format!("manifest parent: {e}"))?;
+            uuid::Uuid::parse_str(&p.uuid).map_err(|e| format!("manifest parent uuid: {e}"))?;
         }
         m.check_snapshots()?;
         Ok(m)
@@ -227,6 +255,7 @@ mod tests {
             last_gc: Some(GcPassRecord::default()),
             snapshots: Vec::new(),
             last_rollback: None,
+            parent: None,
         };
         let b = m.encode();
         assert_eq!(&b[8..10], &1u16.to_le_bytes());
@@ -255,8 +284,10 @@ mod tests {
                 checkpoint_seq: 4,
                 created_unix_ms: 3,
                 size_bytes: 1 << 30,
+                deleting: false,
             }],
             last_rollback: None,
+            parent: None,
         };
         let b = m.encode();
         assert_eq!(&b[8..10], &2u16.to_le_bytes());

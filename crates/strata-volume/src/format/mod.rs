@@ -11,6 +11,7 @@
 pub(crate) mod bytes;
 pub mod cache_file;
 pub mod checkpoint;
+pub mod clone_marker;
 pub mod envelope;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -89,6 +89,7 @@ fn valid_objects() -> Vec<Vec<u8>> {
         last_gc: None,
         snapshots: Vec::new(),
         last_rollback: None,
+        parent: None,
     };
     let lease = Lease {
         holder: "h:/d (x)".into(),

@@ -118,6 +118,7 @@ mod tests {
             last_gc: None,
             snapshots: Vec::new(),
             last_rollback: None,
+            parent: None,
         }
     }
 

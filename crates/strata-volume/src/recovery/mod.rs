@@ -6,7 +6,9 @@
 //! leaves what the next one needs (nothing is deleted that the journal does
 //! not also hold), and applying a segment twice changes nothing.
 //!
-//! 1. manifest -> latest checkpoint (extent map as of segment S)
+//! 1. manifest -> latest checkpoint (extent map as of segment S); a clone
+//!    with no checkpoint of its own starts from its parent snapshot's map,
+//!    S being that snapshot's checkpoint
 //! 2. segments S+1, S+2, ... while contiguous; a segment after a gap was
 //!    uploaded while an earlier one was not: it is deleted (its writes are
 //!    in the journal, whose replay starts before the gap) so numbering stays
@@ -30,6 +32,7 @@ use strata_store::{ObjectNames, Store};
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::format::manifest::Manifest;
+use crate::map::ExtentMap;
 use crate::snapshot::SnapshotPins;
 use crate::write::journal::Journal;
 use crate::write::open_segment::OpenSegment;
@@ -52,9 +55,10 @@ pub(crate) async fn recover(
     name: &str,
     manifest: &Manifest,
     uuid: [u8; 16],
+    base_map: Option<(ExtentMap, u64)>,
 ) -> Result<RecoveredVolume, VolumeError> {
     let names = ObjectNames::new(name);
-    let rec = recover_from_store(store, &names, manifest, uuid).await?;
+    let rec = recover_from_store(store, &names, manifest, uuid, base_map).await?;
     let jpath = config.journal_path(name, &uuid);
     let (sb, start) = choose_journal(&jpath, config, uuid, rec.span)?;
     let mut state = initial_state(rec, sb.journal_id, config.segment_bytes);

@@ -30,13 +30,17 @@ pub(crate) async fn recover_from_store(
     names: &ObjectNames,
     manifest: &Manifest,
     uuid: [u8; 16],
+    base_map: Option<(ExtentMap, u64)>,
 ) -> Result<Recovered, VolumeError> {
-    let (mut map, base, mut span) = match manifest.checkpoint_seq {
-        Some(seq) => {
+    let (mut map, base, mut span) = match (manifest.checkpoint_seq, base_map) {
+        (Some(seq), _) => {
             let (info, map) = read_checkpoint(store, names, manifest, uuid, seq).await?;
             (map, seq, Some(info.span))
         }
-        None => (ExtentMap::new(), 0, None),
+        // A clone's first open: its parent snapshot's map; its own
+        // segments come after the snapshot's checkpoint.
+        (None, Some((map, seq))) => (map, seq, None),
+        (None, None) => (ExtentMap::new(), 0, None),
     };
     let segments = list_segments(store, names).await?;
     let mut next = base + 1;

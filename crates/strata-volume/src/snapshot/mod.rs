@@ -9,6 +9,7 @@
 //! - `snapshot_pins.rs`: the segments snapshots keep (GC neither moves
 //!   their data nor deletes them), counted per segment;
 //! - `export_name.rs`: `VOL@SNAP`, the name a snapshot is served under;
+//! - `lineage.rs`: a clone's ancestors, and which of them owns a segment;
 //! - `snapshot_view.rs`: a snapshot's map over the volume's read path,
 //!   read-only, needing no lease.
 //!
@@ -18,9 +19,12 @@
 //! deletes). May not touch the journal.
 
 mod export_name;
+mod lineage;
 mod snapshot_pins;
 mod snapshot_view;
 
 pub use export_name::{split_export_name, ExportName};
+pub use lineage::MAX_CLONE_DEPTH;
+pub(crate) use lineage::{resolve_lineage, Lineage};
 pub(crate) use snapshot_pins::SnapshotPins;
 pub use snapshot_view::SnapshotView;

@@ -16,6 +16,9 @@ use crate::map::SegmentUsage;
 pub(crate) struct SnapshotPins {
     /// Segment seq -> snapshots whose map points into it (at least 1).
     counts: BTreeMap<u64, u32>,
+    /// A clone's segments up to this number are its ancestors': kept as
+    /// if pinned (0: not a clone).
+    inherited_upto: u64,
 }
 
 impl SnapshotPins {
@@ -40,10 +43,15 @@ impl SnapshotPins {
     }
 
     pub fn is_pinned(&self, seq: u64) -> bool {
-        self.counts.contains_key(&seq)
+        seq <= self.inherited_upto || self.counts.contains_key(&seq)
     }
 
-    /// Segments pinned.
+    /// Keeps segments up to `seq` (a clone's ancestors').
+    pub fn inherit_upto(&mut self, seq: u64) {
+        self.inherited_upto = seq;
+    }
+
+    /// Segments pinned by snapshots.
     pub fn len(&self) -> usize {
         self.counts.len()
     }

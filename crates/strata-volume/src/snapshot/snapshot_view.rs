@@ -11,6 +11,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use strata_store::Store;
+
+use super::lineage::Lineage;
 use crate::error::VolumeError;
 use crate::format::manifest::SnapshotRecord;
 use crate::map::{Allocation, ExtentMap, Target};
@@ -24,6 +27,9 @@ pub struct SnapshotView {
     map: ExtentMap,
     caches: Arc<SharedCaches>,
     reader: Arc<VolumeReader>,
+    store: Store,
+    /// A snapshot of a clone reads its ancestors' segments too.
+    lineage: Lineage,
 }
 
 impl std::fmt::Debug for SnapshotView {
@@ -39,6 +45,8 @@ impl SnapshotView {
         map: ExtentMap,
         caches: Arc<SharedCaches>,
         reader: Arc<VolumeReader>,
+        store: Store,
+        lineage: Lineage,
     ) -> SnapshotView {
         SnapshotView {
             volume: volume.to_string(),
@@ -46,6 +54,8 @@ impl SnapshotView {
             map,
             caches,
             reader,
+            store,
+            lineage,
         }
     }
 
@@ -99,7 +109,9 @@ impl SnapshotView {
             return Ok(());
         }
         let pieces = stored_pieces_in(buf, stored.into_iter());
-        self.reader.read_pieces(&self.caches, pieces).await
+        self.lineage
+            .read_pieces(&self.caches, &self.store, &self.reader, pieces)
+            .await
     }
 
     /// Allocation of `[offset, offset+len)` in at most `max_extents` runs.
@@ -113,11 +125,13 @@ impl SnapshotView {
         Ok(self.map.allocation(offset, len, max_extents))
     }
 
+    /// The volume's own stored pieces of a range (for read-ahead).
     fn stored_pieces(&self, range: Range<u64>) -> Vec<(u64, u64, u64)> {
         let mut out = Vec::new();
+        let base = self.lineage.base_seq();
         self.map.lookup(range.start, range.end - range.start, |p| {
             if let Some(Target::Data { seq, offset }) = p.target {
-                if out.len() < MAX_WINDOW_PIECES {
+                if seq > base && out.len() < MAX_WINDOW_PIECES {
                     out.push((seq, offset, p.len));
                 }
             }

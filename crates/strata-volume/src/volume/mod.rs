@@ -45,6 +45,7 @@ use crate::gc::{GcCounters, GcStats, Unreferenced};
 pub use crate::map::Allocation;
 use crate::ownership::{ManifestWriter, Ownership, WriteRefused};
 use crate::read::{CacheStats, SharedCaches};
+use crate::snapshot::Lineage;
 use crate::write::journal::Journal;
 use crate::write::state::{SpaceUsage, State};
 
@@ -114,6 +115,8 @@ pub struct Volume {
     pub(crate) gc_pass: tokio::sync::Mutex<()>,
     /// Pending deletions (count, bytes) as of the last manifest we wrote.
     pub(crate) gc_pending: parking_lot::Mutex<(u64, u64)>,
+    /// For a clone: the volumes it reads through (`snapshot/lineage.rs`).
+    pub(crate) lineage: Lineage,
 }
 
 impl std::fmt::Debug for Volume {
@@ -232,8 +235,10 @@ impl Volume {
             ));
         }
         for (seq, live) in recomputed.iter() {
-            let here =
-                seq == st.open.seq || st.sealed.contains_key(&seq) || st.stored.contains_key(&seq);
+            let here = seq == st.open.seq
+                || st.sealed.contains_key(&seq)
+                || st.stored.contains_key(&seq)
+                || seq <= self.lineage.base_seq();
             if !here {
                 return Err(format!("the map points at {live} bytes of segment {seq}, which is neither in memory nor stored"));
             }

@@ -16,6 +16,7 @@ use crate::gc::GcCounters;
 use crate::ownership::{take_ownership, ManifestWriter};
 use crate::read::SharedCaches;
 use crate::recovery::recover;
+use crate::snapshot::resolve_lineage;
 
 impl Volume {
     /// Opens (and recovers) volume `name`.
@@ -29,7 +30,12 @@ impl Volume {
         let started = std::time::Instant::now();
         let (ownership, manifest, manifest_version) = take_ownership(&store, &config, name).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
-        let recovered = recover(&store, &config, name, &manifest, uuid).await?;
+        let inherited = resolve_lineage(&store, &manifest, true).await?;
+        let mut recovered =
+            recover(&store, &config, name, &manifest, uuid, inherited.base_map).await?;
+        let lineage = inherited.lineage;
+        // A clone never writes, moves or deletes its ancestors' segments.
+        recovered.state.pins.inherit_upto(lineage.base_seq());
         let size_bytes = manifest.size_bytes;
         let vol = Arc::new(Volume {
             name: name.to_string(),
@@ -54,6 +60,7 @@ impl Volume {
             gc_wake: Arc::new(Notify::new()),
             gc_pass: tokio::sync::Mutex::new(()),
             gc_pending: Mutex::new((0, 0)),
+            lineage,
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;

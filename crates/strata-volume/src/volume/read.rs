@@ -41,10 +41,12 @@ impl Volume {
         }
     }
 
-    /// Whether any of `seqs` is no longer stored (deleted by GC).
+    /// Whether any of `seqs` is no longer stored (deleted by GC; an
+    /// ancestor's segments are never deleted under a clone).
     fn any_deleted(&self, seqs: &[u64]) -> bool {
+        let base = self.lineage.base_seq();
         let st = self.state.lock();
-        seqs.iter().any(|s| !st.stored.contains_key(s))
+        seqs.iter().any(|s| *s > base && !st.stored.contains_key(s))
     }
 
     async fn read_once(
@@ -110,7 +112,9 @@ impl Volume {
                 .iter()
                 .map(|m| (m.buf_offset, m.len as usize, m.seq, m.segment_offset)),
         );
-        reader.read_pieces(&self.caches, pieces).await?;
+        self.lineage
+            .read_pieces(&self.caches, &self.store, &reader, pieces)
+            .await?;
         self.rewrite_fragmented_read(&misses, buf);
         Ok(())
     }
@@ -127,16 +131,18 @@ impl Volume {
     }
 
     /// Stored pieces `(seq, segment offset, len)` of a volume range, looked
-    /// up under the volume lock.
+    /// up under the volume lock (the volume's own: read-ahead does not
+    /// reach into a clone's ancestors).
     fn stored_pieces(&self, range: Range<u64>) -> Vec<(u64, u64, u64)> {
         let mut out = Vec::new();
+        let base = self.lineage.base_seq();
         let st = self.state.lock();
         st.map.lookup(range.start, range.end - range.start, |p| {
             if let Some(Target::Data { seq, offset }) = p.target {
                 let in_memory = seq == st.open.seq
                     || st.sealed.contains_key(&seq)
                     || st.settling.contains_key(&seq);
-                if !in_memory && out.len() < MAX_WINDOW_PIECES {
+                if !in_memory && seq > base && out.len() < MAX_WINDOW_PIECES {
                     out.push((seq, offset, p.len));
                 }
             }

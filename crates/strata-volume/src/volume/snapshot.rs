@@ -19,7 +19,7 @@ use crate::format::manifest::{
     MAX_PENDING_DELETIONS, MAX_SNAPSHOTS,
 };
 use crate::map::{ExtentMap, SegmentUsage};
-use crate::objects::read_snapshot_map;
+use crate::objects::{list_clone_markers, read_snapshot_map};
 use crate::write::state::State;
 
 impl Volume {
@@ -59,6 +59,7 @@ impl Volume {
             checkpoint_seq: job.seq,
             created_unix_ms: now_ms(),
             size_bytes: self.size_bytes,
+            deleting: false,
         };
         let add = {
             let record = record.clone();
@@ -87,6 +88,7 @@ impl Volume {
         let record = self.snapshot_record(&current, name)?;
         // What it kept, read back from its checkpoint (pins hold counts only).
         let usage = self.snapshot_map(&record).await?.usage().clone();
+        self.refuse_if_cloned(name).await?;
         let now = now_ms();
         let change = |m: &Manifest| {
             let mut next = m.clone();
@@ -173,6 +175,71 @@ impl Volume {
         crash_point("rollback.after_manifest");
         tracing::info!(volume = %self.name, snapshot = name, checkpoint = rollback.checkpoint_seq, "rolled back");
         Ok(rollback)
+    }
+
+    /// Refuses the deletion of snapshot `name` while clones of it live.
+    /// The snapshot is marked `deleting` first: a clone is made by writing
+    /// its marker, then its manifest, then checking that the snapshot is
+    /// not being deleted; so a clone either sees the mark and gives up, or
+    /// its marker and manifest are in the store before this lists them.
+    /// Markers of clones that do not exist are deleted. The mark stays on
+    /// success (the deletion's write drops the snapshot).
+    async fn refuse_if_cloned(&self, name: &str) -> Result<(), VolumeError> {
+        self.set_deleting(name, true).await?;
+        crash_point("snapshot.marked_deleting");
+        let prefix = self.names.snapshot_clones_prefix(name);
+        let markers = match list_clone_markers(&self.store, &prefix).await {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.set_deleting(name, false).await;
+                return Err(e);
+            }
+        };
+        let live: Vec<&str> = markers
+            .iter()
+            .filter(|m| m.live)
+            .map(|m| m.marker.clone.as_str())
+            .collect();
+        if !live.is_empty() {
+            self.set_deleting(name, false).await?;
+            return Err(VolumeError::Busy(format!(
+                "snapshot {}@{name} has clones: {}; delete them (or `strata volume flatten` them) first",
+                self.name,
+                live.join(", ")
+            )));
+        }
+        for m in markers {
+            match self.store.delete(&m.path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(volume = %self.name, marker = %m.path, error = %e, "cannot delete the marker of a clone that does not exist")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn set_deleting(&self, name: &str, deleting: bool) -> Result<(), VolumeError> {
+        let change = |m: &Manifest| {
+            let mut next = m.clone();
+            let s = next.snapshots.iter_mut().find(|s| s.name == name)?;
+            if s.deleting == deleting {
+                return None;
+            }
+            s.deleting = deleting;
+            Some(next)
+        };
+        match self
+            .manifest
+            .update(&self.store, &self.ownership, change)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(refused) => Err(self.failed(format!(
+                "snapshot {name:?} not deleted: {}",
+                self.refused(refused)
+            ))),
+        }
     }
 
     fn snapshot_record(&self, m: &Manifest, name: &str) -> Result<SnapshotRecord, VolumeError> {

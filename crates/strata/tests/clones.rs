@@ -1,0 +1,211 @@
+//! Writable clones through real clients: clones of one snapshot read its
+//! data and write their own (qemu-io), survive the parent being
+//! overwritten and collected, clones of clones, kill -9; the snapshot and
+//! the parent cannot be deleted while clones live (the message names
+//! them); deleting the clones frees them. On the embedded store and on
+//! MinIO. Also: the depth limit, and a clone's creation killed after each
+//! of its steps.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::clients::{qemu_io, qemu_io_verify};
+use common::*;
+
+const VOL: u64 = 32 * MIB;
+const ARGS: [&str; 4] = ["--segment-size", "1MiB", "--gc-grace-ms", "0"];
+
+fn cli_ok(server: &Server, args: &[&str]) -> String {
+    let out = server.cli(args);
+    assert!(
+        out.status.success(),
+        "strata {args:?} failed:\n{}{}",
+        stdout_str(&out),
+        stderr_str(&out)
+    );
+    stdout_str(&out)
+}
+
+fn cli_err(server: &Server, args: &[&str]) -> String {
+    let out = server.cli(args);
+    assert!(!out.status.success(), "strata {args:?} succeeded");
+    stderr_str(&out)
+}
+
+fn write(server: &Server, export: &str, cmds: &[&str]) {
+    let mut all: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
+    all.push("flush".into());
+    let out = qemu_io(&server.uri(export), &all);
+    assert!(out.status.success(), "{export}: {}", stderr_str(&out));
+}
+
+fn verify(server: &Server, export: &str, reads: &[&str], when: &str) {
+    let reads: Vec<String> = reads.iter().map(|r| r.to_string()).collect();
+    qemu_io_verify(&server.uri(export), &reads, &format!("{export} {when}"));
+}
+
+fn check_all(server: &Server, when: &str) {
+    verify(server, "base", &["read -P 0x22 0 8M"], when);
+    verify(
+        server,
+        "c1",
+        &["read -P 0x33 0 1M", "read -P 0x11 1M 7M"],
+        when,
+    );
+    verify(
+        server,
+        "c2",
+        &["read -P 0x11 0 8M", "read -P 0x44 8M 1M"],
+        when,
+    );
+    verify(
+        server,
+        "c3",
+        &[
+            "read -P 0x33 0 1M",
+            "read -P 0x55 1M 1M",
+            "read -P 0x11 2M 6M",
+        ],
+        when,
+    );
+}
+
+fn clones_share_a_snapshot_and_write_independently(target: Target) {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut server = Server::start(tmp.path(), target, &[("base", VOL)]);
+    write(&server, "base", &["write -P 0x11 0 8M"]);
+    cli_ok(&server, &["snapshot", "create", "base@gold"]);
+    let said = cli_ok(&server, &["volume", "clone", "base@gold", "c1"]);
+    assert!(said.contains("a clone of base@gold"), "{said}");
+    cli_ok(&server, &["volume", "clone", "base@gold", "c2"]);
+    write(&server, "c1", &["write -P 0x33 0 1M"]);
+    write(&server, "c2", &["write -P 0x44 8M 1M"]);
+    // A clone of a clone.
+    cli_ok(&server, &["snapshot", "create", "c1@s1"]);
+    cli_ok(&server, &["volume", "clone", "c1@s1", "c3"]);
+    write(&server, "c3", &["write -P 0x55 1M 1M"]);
+    // The parent moves on and collects garbage: the clones keep the
+    // snapshot's data.
+    write(&server, "base", &["write -P 0x22 0 8M"]);
+    cli_ok(&server, &["volume", "gc", "base", "--wait"]);
+    check_all(&server, "after the parent was overwritten and collected");
+    let info = cli_ok(&server, &["volume", "info", "c3"]);
+    assert!(info.contains("clone of:    c1@s1"), "{info}");
+
+    server.kill9();
+    server.start_again();
+    check_all(&server, "after kill -9");
+
+    let err = cli_err(&server, &["snapshot", "delete", "base@gold"]);
+    assert!(
+        err.contains("has clones") && err.contains("c1") && err.contains("c2"),
+        "{err}"
+    );
+    server.stop();
+    let err = cli_err(&server, &["volume", "delete", "base"]);
+    assert!(err.contains("has clones"), "{err}");
+    let err = cli_err(&server, &["volume", "delete", "c1"]);
+    assert!(err.contains("has clones: c3"), "{err}");
+    server.start_again();
+    check_all(&server, "after refused deletions");
+    server.stop();
+
+    for gone in ["c3", "c2"] {
+        cli_ok(&server, &["volume", "delete", gone]);
+    }
+    let err = cli_err(&server, &["snapshot", "delete", "base@gold"]);
+    assert!(err.contains("has clones: c1"), "{err}");
+    cli_ok(&server, &["volume", "delete", "c1"]);
+    cli_ok(&server, &["snapshot", "delete", "base@gold"]);
+    server.volumes.retain(|(n, _)| n == "base");
+    server.start_again();
+    verify(
+        &server,
+        "base",
+        &["read -P 0x22 0 8M"],
+        "after the clones went",
+    );
+    server.stop();
+}
+
+#[test]
+fn clones_share_a_snapshot_and_write_independently_embedded() {
+    clones_share_a_snapshot_and_write_independently(Target::strata_with(&ARGS));
+}
+
+#[test]
+fn clones_share_a_snapshot_and_write_independently_s3() {
+    let store = S3Store::on_shared_minio("clones");
+    clones_share_a_snapshot_and_write_independently(Target::strata_s3(&store, &ARGS));
+}
+
+/// Clones of clones nest 16 deep; the 17th is refused, saying so.
+#[test]
+fn clone_depth_is_limited_with_a_clear_error() {
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut server = Server::start(tmp.path(), Target::strata_with(&ARGS), &[("v0", VOL)]);
+    server.stop();
+    for depth in 1..=strata_volume::MAX_CLONE_DEPTH {
+        let parent = format!("v{}", depth - 1);
+        cli_ok(&server, &["snapshot", "create", &format!("{parent}@s")]);
+        cli_ok(
+            &server,
+            &[
+                "volume",
+                "clone",
+                &format!("{parent}@s"),
+                &format!("v{depth}"),
+            ],
+        );
+    }
+    let last = format!("v{}", strata_volume::MAX_CLONE_DEPTH);
+    cli_ok(&server, &["snapshot", "create", &format!("{last}@s")]);
+    let err = cli_err(
+        &server,
+        &["volume", "clone", &format!("{last}@s"), "too-deep"],
+    );
+    assert!(err.contains("clones may nest 16 deep"), "{err}");
+}
+
+/// A clone's creation killed after its marker (no clone; the snapshot can
+/// still be deleted) and after its manifest (a clone that works, and keeps
+/// its snapshot).
+#[test]
+fn a_clone_killed_after_each_step_exists_or_not() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    for (point, exists) in [
+        ("clone.after_marker", false),
+        ("clone.after_manifest", true),
+    ] {
+        let dir = tmp.path().join(point.replace('.', "-"));
+        let mut server = Server::start(&dir, Target::strata_with(&ARGS), &[("base", VOL)]);
+        write(&server, "base", &["write -P 0x11 0 8M"]);
+        server.stop();
+        cli_ok(&server, &["snapshot", "create", "base@gold"]);
+        server.target = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
+        let err = cli_err(&server, &["volume", "clone", "base@gold", "c"]);
+        assert!(err.contains(&format!("STRATA_CRASH_AT={point}")), "{err}");
+        server.target = Target::strata_with(&ARGS);
+        let list = cli_ok(&server, &["volume", "list"]);
+        assert_eq!(list.contains("\nc "), exists, "{point}: {list}");
+        if exists {
+            server.start_again();
+            verify(
+                &server,
+                "c",
+                &["read -P 0x11 0 8M"],
+                &format!("after {point}"),
+            );
+            server.stop();
+            let err = cli_err(&server, &["snapshot", "delete", "base@gold"]);
+            assert!(err.contains("has clones: c"), "{point}: {err}");
+        } else {
+            cli_ok(&server, &["snapshot", "delete", "base@gold"]);
+        }
+    }
+}
