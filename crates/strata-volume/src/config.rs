@@ -8,6 +8,22 @@ use std::path::{Path, PathBuf};
 use crate::format::journal::MIN_RING_BYTES;
 
 const MIB: u64 = 1 << 20;
+
+/// Largest volume accepted: 1 PiB. Also the bound segment headers are
+/// checked against once a segment may predate a shrink.
+pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
+
+/// A size a volume may have: a positive multiple of 512 bytes, at most
+/// `MAX_VOLUME_BYTES`.
+pub fn check_volume_size(size_bytes: u64) -> Result<(), String> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(512) || size_bytes > MAX_VOLUME_BYTES {
+        return Err(format!(
+            "volume size must be a positive multiple of 512 bytes, at most 1 PiB (got {size_bytes})"
+        ));
+    }
+    Ok(())
+}
+
 /// A lease not renewed for this long is free to take (default).
 pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
 /// Shortest lease TTL accepted (tests use a few seconds).

@@ -23,7 +23,8 @@ pub const GC_CRASH_POINTS: &[&str] = &[
 /// rollback), and after that write; for a delete, once the snapshot is
 /// marked as being deleted (clones are checked next) and after the write
 /// that drops it; then a clone's creation after its marker and after its
-/// manifest (before it checks the parent snapshot).
+/// manifest (before it checks the parent snapshot); a resize before and
+/// after the write that names its size.
 pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
     "snapshot.before_manifest",
     "snapshot.after_create",
@@ -33,6 +34,8 @@ pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
     "rollback.after_manifest",
     "clone.after_marker",
     "clone.after_manifest",
+    "resize.before_manifest",
+    "resize.after_manifest",
 ];
 
 /// Right after a fragmented read's pieces were repointed to the open

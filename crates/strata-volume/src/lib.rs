@@ -48,7 +48,7 @@ pub use config::{
     MIN_LEASE_TTL_MS,
 };
 pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS};
-pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
+pub use engine::{DiffSummary, Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::manifest::{GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord};
 pub use gc::{GcPassReport, GcStats};
@@ -56,6 +56,8 @@ pub use map::SegmentUsage;
 pub use read::{
     CacheStats, DiskCacheStats, ReadAheadStats, ReadPathStats, SharedCaches, StoreReadStats,
 };
-pub use snapshot::{split_export_name, ExportName, SnapshotView, MAX_CLONE_DEPTH};
+pub use snapshot::{
+    split_export_name, Change, ChangeKind, ExportName, SnapshotView, MAX_CLONE_DEPTH,
+};
 pub use volume::{Allocation, Volume, VolumeStats};
 pub use write::state::SpaceUsage;

@@ -86,6 +86,52 @@ pub enum VolumeCommand {
     /// Delete a volume and everything it stored. Not undoable. Refused
     /// while clones of its snapshots exist.
     Delete { name: String },
+    /// Change a volume's size. Growing works while the volume is served
+    /// (the server on this host does it; new connections see the new
+    /// size). Shrinking drops everything past the new end, so it needs
+    /// --allow-shrink; the cut range's space is reclaimed by GC.
+    Resize {
+        name: String,
+        /// The new size, e.g. 20GiB.
+        #[arg(long)]
+        size: String,
+        /// Allow a smaller size.
+        #[arg(long)]
+        allow_shrink: bool,
+    },
+    /// List the ranges that changed from one snapshot of a volume to a
+    /// later one: new data, and ranges that became zeros. Exact (a garbage
+    /// collection pass that only moved data changes nothing) and quick
+    /// (it compares the two maps; no data is read).
+    Diff {
+        /// VOLUME@OLDER
+        from: String,
+        /// VOLUME@NEWER
+        to: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write what changed from one snapshot to a later one into FILE ('-':
+    /// standard output), for `import-diff` on another volume (a nightly
+    /// incremental backup). The format is versioned and checksummed
+    /// (docs/design/snapshots.md).
+    ExportDiff {
+        /// VOLUME@OLDER
+        from: String,
+        /// VOLUME@NEWER
+        to: String,
+        file: PathBuf,
+    },
+    /// Apply a diff file to VOLUME, which must have the diff's older
+    /// snapshot and not its newer one; the newer snapshot is then taken
+    /// there. The whole file is verified before anything is written.
+    /// Refused while a server serves the volume.
+    ImportDiff {
+        file: PathBuf,
+        /// The volume to apply it to.
+        volume: String,
+    },
     /// Make a writable clone of a snapshot, in constant time: the new
     /// volume starts as the snapshot and shares its data (nothing is
     /// copied); its writes are its own. Clones of clones nest up to 16

@@ -10,6 +10,7 @@
 //! {"op":"stats","volume":"vm1"}           -> {"ok":{...VolumeStats...}}
 //! {"op":"snapshot_create","volume":"vm1","snapshot":"s"} -> {"ok":{...SnapshotRecord...}}
 //! {"op":"snapshot_delete","volume":"vm1","snapshot":"s"} -> {"ok":null}
+//! {"op":"resize","volume":"vm1","size_bytes":N,"allow_shrink":false} -> {"ok":OLD_SIZE}
 //! any error                               -> {"error":"...","not_served":bool}
 //! ```
 //! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
@@ -31,10 +32,26 @@ const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    Gc { volume: String, wait: bool },
-    Stats { volume: String },
-    SnapshotCreate { volume: String, snapshot: String },
-    SnapshotDelete { volume: String, snapshot: String },
+    Gc {
+        volume: String,
+        wait: bool,
+    },
+    Stats {
+        volume: String,
+    },
+    SnapshotCreate {
+        volume: String,
+        snapshot: String,
+    },
+    SnapshotDelete {
+        volume: String,
+        snapshot: String,
+    },
+    Resize {
+        volume: String,
+        size_bytes: u64,
+        allow_shrink: bool,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -114,7 +131,8 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
         Request::Gc { volume, .. }
         | Request::Stats { volume }
         | Request::SnapshotCreate { volume, .. }
-        | Request::SnapshotDelete { volume, .. } => volume.clone(),
+        | Request::SnapshotDelete { volume, .. }
+        | Request::Resize { volume, .. } => volume.clone(),
     };
     let Some(vol) = engine.served_or_opening(&volume).await else {
         return Reply::Error {
@@ -134,6 +152,15 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
             .await
             .map_err(anyhow::Error::from)
             .and_then(|r| Ok(serde_json::to_value(r)?)),
+        Request::Resize {
+            size_bytes,
+            allow_shrink,
+            ..
+        } => vol
+            .resize(size_bytes, allow_shrink)
+            .await
+            .map(serde_json::Value::from)
+            .map_err(anyhow::Error::from),
         Request::SnapshotDelete { snapshot, .. } => {
             let deleted = engine.delete_snapshot(&volume, &snapshot).await;
             deleted

@@ -232,6 +232,36 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                 print_history_info(&v);
             }
         }
+        VolumeCommand::Resize {
+            name,
+            size,
+            allow_shrink,
+        } => {
+            let size_bytes = size_option("--size", size)?;
+            let req = control::Request::Resize {
+                volume: name.clone(),
+                size_bytes,
+                allow_shrink: *allow_shrink,
+            };
+            let what = format!("resize {name:?}");
+            let command = format!("strata volume resize {name} --size {size}");
+            let old = match control::on_serving_server(engine, name, &req, &what, &command).await? {
+                Some(v) => v.as_u64().unwrap_or(0),
+                None => {
+                    engine
+                        .resize_volume(name, size_bytes, *allow_shrink)
+                        .await?
+                }
+            };
+            println!(
+                "resized {name} from {} to {} ({size_bytes} bytes)",
+                format_size(old),
+                format_size(size_bytes)
+            );
+        }
+        VolumeCommand::Diff { .. }
+        | VolumeCommand::ExportDiff { .. }
+        | VolumeCommand::ImportDiff { .. } => snapshot_cmd::diff_command(engine, cmd).await?,
         VolumeCommand::Clone { source, name } => {
             let (parent, snapshot) = snapshot_cmd::split_target(source)?;
             let m = engine.create_clone(parent, snapshot, name).await?;

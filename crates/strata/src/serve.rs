@@ -148,6 +148,9 @@ async fn open_named(
 /// journals are replayed and uploaded promptly and errors show at once.
 fn open_all_in_background(engine: &Arc<Engine>, volumes: Vec<VolumeInfo>) {
     for v in volumes {
+        // Known as opening from now on: the control socket waits for it
+        // rather than say the volume is not served here.
+        engine.will_open(&v.name);
         let engine = engine.clone();
         tokio::spawn(async move {
             if let Err(e) = engine.open_volume(&v.name).await {

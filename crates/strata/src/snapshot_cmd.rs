@@ -3,9 +3,11 @@
 //! nobody serves is opened here (its lease held) for the operation.
 
 use anyhow::{bail, Context};
-use strata_volume::{split_export_name, Engine, ExportName, SnapshotRecord};
+use std::io::Write;
 
-use crate::cli::SnapshotCommand;
+use strata_volume::{split_export_name, ChangeKind, Engine, ExportName, SnapshotRecord};
+
+use crate::cli::{SnapshotCommand, VolumeCommand};
 use crate::control::{self, Request};
 use crate::size::format_size;
 
@@ -76,6 +78,119 @@ pub async fn run(engine: &Engine, cmd: &SnapshotCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `volume diff`, `export-diff`, `import-diff`.
+pub async fn diff_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<()> {
+    match cmd {
+        VolumeCommand::Diff { from, to, json } => {
+            let (volume, a, b) = split_pair(from, to)?;
+            let changes = engine.diff_snapshots(volume, a, b).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&changes)?);
+                return Ok(());
+            }
+            for c in &changes {
+                let kind = match c.kind {
+                    ChangeKind::Data => "data",
+                    ChangeKind::Zero => "zero",
+                };
+                println!("{:>16} {:>16} {kind}", c.offset, c.length);
+            }
+            let bytes: u64 = changes.iter().map(|c| c.length).sum();
+            eprintln!(
+                "{} ranges changed from {from} to {to}, {}",
+                changes.len(),
+                format_size(bytes)
+            );
+        }
+        VolumeCommand::ExportDiff { from, to, file } => {
+            let (volume, a, b) = split_pair(from, to)?;
+            let mut out: Box<dyn Write + Send> = if file.as_os_str() == "-" {
+                Box::new(std::io::BufWriter::new(std::io::stdout()))
+            } else {
+                let f = std::fs::File::create(file)
+                    .with_context(|| format!("cannot create {}", file.display()))?;
+                Box::new(std::io::BufWriter::new(f))
+            };
+            let progress = Progress::new("exporting");
+            let sum = engine
+                .export_diff(volume, a, b, &mut out, &|done, total| {
+                    progress.show(done, total)
+                })
+                .await?;
+            progress.finish();
+            eprintln!(
+                "exported {from} -> {to}: {} records, {} of data, {} of zeros",
+                sum.records,
+                format_size(sum.data_bytes),
+                format_size(sum.zero_bytes)
+            );
+        }
+        VolumeCommand::ImportDiff { file, volume } => {
+            let sum = engine.import_diff(file, volume).await?;
+            println!(
+                "applied {} to {volume}: {} of data, {} of zeros",
+                file.display(),
+                format_size(sum.data_bytes),
+                format_size(sum.zero_bytes)
+            );
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `VOL@A` and `VOL@B` of one volume.
+fn split_pair<'a>(from: &'a str, to: &'a str) -> anyhow::Result<(&'a str, &'a str, &'a str)> {
+    let (va, a) = split_target(from)?;
+    let (vb, b) = split_target(to)?;
+    if va != vb {
+        bail!("{from} and {to} are snapshots of different volumes; a diff is between two snapshots of one volume");
+    }
+    Ok((va, a, b))
+}
+
+/// A progress line on stderr when it is a terminal, at most 10 a second.
+struct Progress {
+    what: &'static str,
+    terminal: bool,
+    last_ms: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
+}
+
+impl Progress {
+    fn new(what: &'static str) -> Progress {
+        use std::io::IsTerminal;
+        Progress {
+            what,
+            terminal: std::io::stderr().is_terminal(),
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    fn show(&self, done: u64, total: u64) {
+        use std::sync::atomic::Ordering;
+        let now = self.started.elapsed().as_millis() as u64;
+        if !self.terminal || now < self.last_ms.load(Ordering::Relaxed) + 100 {
+            return;
+        }
+        self.last_ms.store(now, Ordering::Relaxed);
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
+        eprint!(
+            "\r{}: {} of {} ({pct}%)   ",
+            self.what,
+            format_size(done),
+            format_size(total)
+        );
+    }
+
+    fn finish(&self) {
+        if self.terminal {
+            eprintln!();
+        }
+    }
 }
 
 /// `VOLUME@SNAPSHOT`, both names checked.

@@ -5,7 +5,10 @@
 //! snapshots by name are in `snapshots.rs`.
 
 mod clones;
+mod diffs;
 mod snapshots;
+
+pub use diffs::DiffSummary;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +20,7 @@ use strata_store::{validate_volume_name, ObjectNames, Store};
 use tokio::sync::OnceCell;
 
 use crate::clock::now_ms;
+use crate::config::check_volume_size;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::format::manifest::{
@@ -47,8 +51,7 @@ pub(crate) fn new_manifest(name: &str, size_bytes: u64, parent: Option<ParentRec
     }
 }
 
-/// Largest volume accepted: 1 PiB.
-pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
+pub use crate::config::MAX_VOLUME_BYTES;
 
 /// What `volume list` and `volume info` report.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -138,11 +141,7 @@ impl Engine {
         size_bytes: u64,
     ) -> Result<Manifest, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
-        if size_bytes == 0 || !size_bytes.is_multiple_of(512) || size_bytes > MAX_VOLUME_BYTES {
-            return Err(VolumeError::Invalid(format!(
-                "volume size must be a positive multiple of 512 bytes, at most 1 PiB (got {size_bytes})"
-            )));
-        }
+        check_volume_size(size_bytes).map_err(VolumeError::Invalid)?;
         let manifest = new_manifest(name, size_bytes, None);
         self.create_manifest(&manifest).await?;
         Ok(manifest)
@@ -284,6 +283,12 @@ impl Engine {
         self.open.lock().get(name).and_then(|c| c.get().cloned())
     }
 
+    /// Notes that volume `name` is about to be opened (by a task not yet
+    /// running): `served_or_opening` then waits for it.
+    pub fn will_open(&self, name: &str) {
+        self.open.lock().entry(name.to_string()).or_default();
+    }
+
     /// The volume if this engine has it open or is opening it (waits for
     /// the open: a server that opens its volumes in the background answers
     /// for them from its start).
@@ -298,6 +303,19 @@ impl Engine {
     /// on the open volume if this engine serves it, otherwise it opens the
     /// volume (taking its lease: refused while another server holds it),
     /// runs the pass, and closes it.
+    /// Resizes volume `name` (`Volume::resize`); returns the old size.
+    pub async fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        allow_shrink: bool,
+    ) -> Result<u64, VolumeError> {
+        self.with_volume(name, |vol| async move {
+            vol.resize(size_bytes, allow_shrink).await
+        })
+        .await
+    }
+
     pub async fn gc_volume(&self, name: &str, wait: bool) -> Result<GcPassReport, VolumeError> {
         self.with_volume(name, |vol| async move { vol.gc_now(wait).await })
             .await

@@ -88,12 +88,7 @@ impl Engine {
         let names = ObjectNames::new(volume);
         let map = read_snapshot_map(&self.store, &names, volume, uuid, &record).await?;
         let lineage = resolve_lineage(&self.store, &m, false).await?.lineage;
-        let reader = self.caches.reader(
-            volume,
-            uuid,
-            m.size_bytes.max(record.size_bytes),
-            &self.store,
-        );
+        let reader = self.caches.reader(volume, uuid, &self.store);
         let view = Arc::new(SnapshotView::new(
             volume,
             record,

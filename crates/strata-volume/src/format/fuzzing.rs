@@ -7,6 +7,7 @@ use super::bytes::le_u32;
 use super::cache_file::{CacheEntry, CacheSuperblock};
 use super::checkpoint;
 use super::clone_marker::CloneMarker;
+use super::diff_file::{self, DiffHeader};
 use super::envelope;
 use super::journal::{RecordHeader, Superblock, RECORD_HEADER_BYTES};
 use super::lease::Lease;
@@ -20,6 +21,7 @@ pub fn decode_everything(data: &[u8]) {
     decode_envelopes(data);
     decode_journal(data);
     decode_cache_file(data);
+    decode_diff_file(data);
 }
 
 /// The disk cache file's superblock and directory entries; what decodes
@@ -90,6 +92,19 @@ pub fn decode_envelopes(data: &[u8]) {
     }
     if let Ok(c) = CloneMarker::decode(data) {
         assert_eq!(CloneMarker::decode(&c.encode()).ok(), Some(c));
+    }
+}
+
+/// A diff file's header and a record header (`format/diff_file.rs`).
+pub fn decode_diff_file(data: &[u8]) {
+    if let Ok(h) = DiffHeader::decode(data) {
+        assert_eq!(DiffHeader::decode(&h.encode()).ok(), Some(h));
+    }
+    let n = diff_file::RECORD_HEADER_BYTES;
+    if data.len() >= n {
+        if let Ok(r) = diff_file::RecordHeader::decode(&data[..n]) {
+            let _ = r.verify(&data[..n], &data[n..]);
+        }
     }
 }
 

@@ -12,6 +12,7 @@ pub(crate) mod bytes;
 pub mod cache_file;
 pub mod checkpoint;
 pub mod clone_marker;
+pub mod diff_file;
 pub mod envelope;
 #[doc(hidden)]
 pub mod fuzzing;

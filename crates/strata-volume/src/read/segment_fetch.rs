@@ -12,6 +12,7 @@ use super::fetch_plan::{ChunkKey, RunBytes};
 use super::inflight::Claim;
 use super::shared_caches::{block_aligned, index_cost_bytes, SharedCaches};
 use super::volume_reader::VolumeReader;
+use crate::config::MAX_VOLUME_BYTES;
 use crate::error::VolumeError;
 use crate::format::segment::SegmentIndex;
 use crate::objects::{fetch_segment_header, store_error};
@@ -125,7 +126,8 @@ impl VolumeReader {
         };
         caches.counters.header_gets.fetch_add(2, Ordering::Relaxed);
         let (idx, _) =
-            fetch_segment_header(&self.store, &self.names, seq, self.uuid, self.size_bytes)
+            // Any size the volume ever had: a segment may predate a shrink.
+            fetch_segment_header(&self.store, &self.names, seq, self.uuid, MAX_VOLUME_BYTES)
                 .await
                 .inspect_err(|e| {
                     if matches!(e, VolumeError::Corrupt { .. }) {

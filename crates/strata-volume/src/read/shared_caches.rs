@@ -153,13 +153,7 @@ impl SharedCaches {
 
     /// The read state of volume `name` (instance `uuid`), created on its
     /// first read.
-    pub(crate) fn reader(
-        &self,
-        name: &str,
-        uuid: [u8; 16],
-        size_bytes: u64,
-        store: &Store,
-    ) -> Arc<VolumeReader> {
+    pub(crate) fn reader(&self, name: &str, uuid: [u8; 16], store: &Store) -> Arc<VolumeReader> {
         let mut readers = self.readers.lock();
         readers
             .entry(uuid)
@@ -168,7 +162,6 @@ impl SharedCaches {
                     name: name.to_string(),
                     uuid,
                     volume_key: volume_key(&uuid),
-                    size_bytes,
                     store: store.clone(),
                     names: ObjectNames::new(name),
                     streams: Mutex::new(Streams::default()),

@@ -40,7 +40,6 @@ pub(crate) struct VolumeReader {
     pub uuid: [u8; 16],
     /// The volume's key in the disk cache (from its uuid).
     pub volume_key: u64,
-    pub size_bytes: u64,
     pub(crate) store: Store,
     pub(crate) names: ObjectNames,
     pub streams: Mutex<Streams>,

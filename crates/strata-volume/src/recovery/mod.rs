@@ -94,5 +94,6 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
         checkpoint_done_seq: rec.checkpoint_seq,
         failed: None,
         pins: SnapshotPins::default(),
+        resizing: false,
     }
 }

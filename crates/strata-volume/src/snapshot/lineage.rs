@@ -27,7 +27,6 @@ pub const MAX_CLONE_DEPTH: usize = 16;
 pub(crate) struct Ancestor {
     pub name: String,
     pub uuid: [u8; 16],
-    pub size_bytes: u64,
     /// The highest segment number of this volume the clone reads (the
     /// snapshot's checkpoint); the next lower ancestor owns those at or
     /// below its own bound.
@@ -86,7 +85,7 @@ impl Lineage {
             .filter(|(_, g)| !g.is_empty())
             .map(|(i, g)| {
                 let reader = match self.ancestors.get(i) {
-                    Some(a) => caches.reader(&a.name, a.uuid, a.size_bytes, store),
+                    Some(a) => caches.reader(&a.name, a.uuid, store),
                     None => own.clone(),
                 };
                 async move { reader.read_pieces(caches, g).await }
@@ -135,7 +134,6 @@ pub(crate) async fn resolve_lineage(
         ancestors.push(Ancestor {
             name: pm.name.clone(),
             uuid,
-            size_bytes: pm.size_bytes.max(record.size_bytes),
             bound_seq: record.checkpoint_seq,
         });
         child = pm;

@@ -10,6 +10,7 @@
 //!   their data nor deletes them), counted per segment;
 //! - `export_name.rs`: `VOL@SNAP`, the name a snapshot is served under;
 //! - `lineage.rs`: a clone's ancestors, and which of them owns a segment;
+//! - `diff.rs`: what changed between two snapshots' maps;
 //! - `snapshot_view.rs`: a snapshot's map over the volume's read path,
 //!   read-only, needing no lease.
 //!
@@ -18,11 +19,13 @@
 //! volume's pins list them (GC reads the pins before it picks, moves or
 //! deletes). May not touch the journal.
 
+mod diff;
 mod export_name;
 mod lineage;
 mod snapshot_pins;
 mod snapshot_view;
 
+pub use diff::{diff_maps, Change, ChangeKind};
 pub use export_name::{split_export_name, ExportName};
 pub use lineage::MAX_CLONE_DEPTH;
 pub(crate) use lineage::{resolve_lineage, Lineage};

@@ -9,14 +9,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use object_store::{PutMode, PutPayload};
 
-use super::{CheckpointJob, Volume};
+use super::{CheckpointJob, MapEdit, Volume};
 use crate::clock::now_ms;
 use crate::crash_point::crash_point;
 use crate::format::checkpoint::{self, CheckpointInfo};
 use crate::format::manifest::Manifest;
 use crate::format::segment::JournalSpan;
 use crate::gc::{add_pending, deletion_candidates, Unreferenced};
-use crate::map::ExtentMap;
 use crate::write::segment_put::put_with_retry;
 use crate::write::state::State;
 
@@ -29,11 +28,23 @@ impl Volume {
         seq: u64,
         span: JournalSpan,
     ) -> CheckpointJob {
+        self.encode_checkpoint_sized(st, seq, span, self.size_bytes())
+    }
+
+    /// `encode_checkpoint` recording a volume size of `size_bytes` (a
+    /// resize's checkpoint records the size it makes).
+    fn encode_checkpoint_sized(
+        &self,
+        st: &State,
+        seq: u64,
+        span: JournalSpan,
+        size_bytes: u64,
+    ) -> CheckpointJob {
         let info = CheckpointInfo {
             seq,
             volume_uuid: self.uuid,
             span,
-            volume_size_bytes: self.size_bytes,
+            volume_size_bytes: size_bytes,
         };
         CheckpointJob {
             seq,
@@ -66,23 +77,24 @@ impl Volume {
     }
 
     /// Seals the open segment, even an empty one, and encodes the
-    /// checkpoint of that seal point for the caller to store (with what it
-    /// adds to the manifest); `replace_map` first replaces the map (a
-    /// rollback: what the sealed segment holds is dropped with the rest).
-    /// Snapshots and rollbacks need a seal point of their own; so does
-    /// garbage that appears with no new segment (a snapshot deleted).
+    /// checkpoint of that seal point, recording volume size `size_bytes`,
+    /// for the caller to store (with what it adds to the manifest); `edit`
+    /// first changes the map (a rollback replaces it, a shrink cuts it).
+    /// Snapshots, rollbacks and resizes need a seal point of their own; so
+    /// does garbage that appears with no new segment (a snapshot deleted).
     pub(crate) fn seal_for_history_locked(
         self: &Arc<Self>,
         st: &mut State,
-        replace_map: Option<ExtentMap>,
+        edit: Option<MapEdit>,
+        size_bytes: u64,
     ) -> CheckpointJob {
         let sealed = st.seal_open(self.take_buffer());
-        if let Some(map) = replace_map {
-            st.map = map;
+        if let Some(edit) = edit {
+            edit(&mut st.map);
         }
         st.segments_since_checkpoint = 0;
         st.checkpoint_requested_seq = sealed.seq;
-        let job = self.encode_checkpoint(st, sealed.seq, sealed.span);
+        let job = self.encode_checkpoint_sized(st, sealed.seq, sealed.span, size_bytes);
         let vol = self.clone();
         tokio::spawn(async move { vol.upload(sealed, None).await });
         job

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use super::Volume;
 use crate::clock::now_ms;
+use crate::config::MAX_VOLUME_BYTES;
 use crate::crash_point::{crash_point, READ_REWRITE_CRASH_POINT};
 use crate::error::VolumeError;
 use crate::format::manifest::{GcPassRecord, Manifest, ObjectKind, PendingDeletion};
@@ -262,7 +263,8 @@ impl Volume {
         report: &mut GcPassReport,
     ) -> Result<(), CompactError> {
         let (idx, entries) =
-            fetch_segment_header(&self.store, &self.names, seq, self.uuid, self.size_bytes).await?;
+            fetch_segment_header(&self.store, &self.names, seq, self.uuid, MAX_VOLUME_BYTES)
+                .await?;
         let pieces = live_pieces(&self.state.lock().map, seq, &entries);
         for batch in batches(&pieces) {
             let bytes: u64 = batch.iter().map(|p| p.len).sum();
@@ -395,7 +397,7 @@ impl Volume {
                 // Garbage with no new segment to checkpoint (a snapshot
                 // was deleted): a seal point of its own.
                 None if idle => {
-                    let job = self.seal_for_history_locked(&mut st, None);
+                    let job = self.seal_for_history_locked(&mut st, None, self.size_bytes());
                     let seq = job.seq;
                     let vol = self.clone();
                     tokio::spawn(async move { vol.store_checkpoint(job).await });

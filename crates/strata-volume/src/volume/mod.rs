@@ -18,6 +18,7 @@
 //! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
 //! - `snapshot.rs`: snapshots: create, delete, roll back (`snapshot/`
 //!   holds the rules);
+//! - `resize.rs`: growing and shrinking, served or not;
 //! - `close.rs`: the clean close.
 //!
 //! Those files only add methods to `Volume`; none refers to another by path.
@@ -27,6 +28,7 @@ mod close;
 mod gc;
 mod open;
 mod read;
+mod resize;
 mod snapshot;
 mod tasks;
 mod upload;
@@ -74,6 +76,10 @@ pub struct VolumeStats {
     pub snapshot_pinned_segments: u64,
 }
 
+/// A change of the whole map at a seal point (a rollback replaces it, a
+/// shrink cuts it).
+pub(crate) type MapEdit = Box<dyn FnOnce(&mut crate::map::ExtentMap) + Send>;
+
 /// A checkpoint taken at a seal point, on its way to the store.
 pub(crate) struct CheckpointJob {
     pub seq: u64,
@@ -85,7 +91,8 @@ pub(crate) struct CheckpointJob {
 pub struct Volume {
     pub(crate) name: String,
     pub(crate) uuid: [u8; 16],
-    pub(crate) size_bytes: u64,
+    /// What clients may address; changed only by a resize, under the lock.
+    pub(crate) size_bytes: AtomicU64,
     pub(crate) store: Store,
     pub(crate) names: ObjectNames,
     pub(crate) config: Arc<VolumeConfig>,
@@ -131,7 +138,7 @@ impl Volume {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(Ordering::Acquire)
     }
 
     pub fn uuid(&self) -> [u8; 16] {
@@ -140,17 +147,16 @@ impl Volume {
 
     /// This volume's read state in the shared caches.
     pub(crate) fn reader(&self) -> Arc<crate::read::VolumeReader> {
-        self.caches
-            .reader(&self.name, self.uuid, self.size_bytes, &self.store)
+        self.caches.reader(&self.name, self.uuid, &self.store)
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size_bytes => Ok(()),
+            Some(end) if end <= self.size_bytes() => Ok(()),
             _ => Err(VolumeError::OutOfRange {
                 offset,
                 len,
-                size: self.size_bytes,
+                size: self.size_bytes(),
             }),
         }
     }

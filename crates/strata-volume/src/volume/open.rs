@@ -40,7 +40,7 @@ impl Volume {
         let vol = Arc::new(Volume {
             name: name.to_string(),
             uuid,
-            size_bytes,
+            size_bytes: AtomicU64::new(size_bytes),
             store,
             names: ObjectNames::new(name),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(config.max_parallel_uploads)),

@@ -99,7 +99,7 @@ impl Volume {
             &reader,
             offset,
             buf.len() as u64,
-            self.size_bytes,
+            self.size_bytes(),
             |window| self.stored_pieces(window),
         );
         if misses.is_empty() {

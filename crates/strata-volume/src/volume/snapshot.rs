@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::Volume;
+use super::{MapEdit, Volume};
 use crate::clock::now_ms;
 use crate::crash_point::crash_point;
 use crate::error::VolumeError;
@@ -48,7 +48,7 @@ impl Volume {
         let (job, usage) = {
             let mut st = self.state.lock();
             self.check_failed_locked(&st)?;
-            let job = self.seal_for_history_locked(&mut st, None);
+            let job = self.seal_for_history_locked(&mut st, None, self.size_bytes());
             // The map as of the seal point: what the snapshot keeps.
             let usage = st.map.usage().clone();
             st.pins.pin(&usage);
@@ -58,7 +58,7 @@ impl Volume {
             name: name.to_string(),
             checkpoint_seq: job.seq,
             created_unix_ms: now_ms(),
-            size_bytes: self.size_bytes,
+            size_bytes: self.size_bytes(),
             deleting: false,
         };
         let add = {
@@ -134,10 +134,12 @@ impl Volume {
         let _pass = self.gc_pass.lock().await;
         let current = self.manifest.current().await;
         let record = self.snapshot_record(&current, name)?;
-        if record.size_bytes != self.size_bytes {
+        if record.size_bytes != self.size_bytes() {
             return Err(VolumeError::Invalid(format!(
                 "snapshot {name:?} is {} bytes and volume {:?} {} bytes: resize the volume to the snapshot's size first",
-                record.size_bytes, self.name, self.size_bytes
+                record.size_bytes,
+                self.name,
+                self.size_bytes()
             )));
         }
         let map = self.snapshot_map(&record).await?;
@@ -145,7 +147,9 @@ impl Volume {
             let mut st = self.state.lock();
             self.check_failed_locked(&st)?;
             check_kept(&st, map.usage(), &self.name, name)?;
-            self.seal_for_history_locked(&mut st, Some(map))
+            let size = self.size_bytes();
+            let replace: MapEdit = Box::new(move |m: &mut ExtentMap| *m = map);
+            self.seal_for_history_locked(&mut st, Some(replace), size)
         };
         let rollback = RollbackRecord {
             snapshot: name.to_string(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{CheckpointJob, Volume};
+use crate::config::MAX_VOLUME_BYTES;
 use crate::crash_point::crash_point;
 use crate::format::segment::{FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
 use crate::read::OnDone;
@@ -83,7 +84,7 @@ impl Volume {
         sealed: &Arc<SealedSegment>,
         header: &[u8],
     ) -> (Bytes, OnDone) {
-        if let Some(idx) = decode_index(header, self.size_bytes) {
+        if let Some(idx) = decode_index(header, MAX_VOLUME_BYTES) {
             self.caches
                 .insert_index(self.uuid, sealed.seq, Arc::new(idx));
         }

@@ -153,6 +153,12 @@ impl Volume {
                 detail: detail.clone(),
             });
         }
+        if st.resizing {
+            return Ok(None);
+        }
+        // Again under the lock: a resize may have shrunk the volume while
+        // this write waited.
+        self.check_range(offset, len)?;
         if st.buffered_cost_bytes > 0
             && st.buffered_cost_bytes + cost > self.config.write_buffer_bytes
         {

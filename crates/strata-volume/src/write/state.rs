@@ -46,6 +46,8 @@ pub(crate) struct State {
     /// Segments the volume's snapshots keep (garbage collection moves and
     /// deletes none of them).
     pub pins: SnapshotPins,
+    /// A resize is under way: writes wait (`volume/resize.rs`).
+    pub resizing: bool,
 }
 
 impl State {
@@ -126,6 +128,7 @@ impl State {
             checkpoint_done_seq: 0,
             failed: None,
             pins: SnapshotPins::default(),
+            resizing: false,
         }
     }
 }
