@@ -24,7 +24,8 @@ pub const GC_CRASH_POINTS: &[&str] = &[
 /// marked as being deleted (clones are checked next) and after the write
 /// that drops it; then a clone's creation after its marker and after its
 /// manifest (before it checks the parent snapshot); a resize before and
-/// after the write that names its size.
+/// after the write that names its size; a flatten before and after the
+/// write that drops the parent.
 pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
     "snapshot.before_manifest",
     "snapshot.after_create",
@@ -36,6 +37,8 @@ pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
     "clone.after_manifest",
     "resize.before_manifest",
     "resize.after_manifest",
+    "flatten.before_manifest",
+    "flatten.after_manifest",
 ];
 
 /// Right after a fragmented read's pieces were repointed to the open

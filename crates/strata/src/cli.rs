@@ -86,6 +86,31 @@ pub enum VolumeCommand {
     /// Delete a volume and everything it stored. Not undoable. Refused
     /// while clones of its snapshots exist.
     Delete { name: String },
+    /// Write a volume or a snapshot as a raw image to FILE ('-': standard
+    /// output). Only allocated ranges are read; holes stay holes in a file.
+    /// A volume a server serves cannot be exported itself: export a
+    /// snapshot of it (`strata snapshot create` first).
+    Export {
+        /// VOLUME or VOLUME@SNAPSHOT
+        source: String,
+        file: PathBuf,
+    },
+    /// Read a raw image from FILE ('-': standard input) into VOLUME,
+    /// created with the image's size if it does not exist. All-zero
+    /// chunks are not stored.
+    Import {
+        file: PathBuf,
+        volume: String,
+        /// The image's size (needed for '-' when VOLUME does not exist;
+        /// default: the file's size, rounded up to 512 bytes).
+        #[arg(long)]
+        size: Option<String>,
+    },
+    /// Make a clone independent of its parent: copy what it still reads
+    /// from the parent's snapshot into its own segments (clients may keep
+    /// writing meanwhile), then drop the link, so the snapshot can be
+    /// deleted. Through the server on this host if it serves the clone.
+    Flatten { name: String },
     /// Change a volume's size. Growing works while the volume is served
     /// (the server on this host does it; new connections see the new
     /// size). Shrinking drops everything past the new end, so it needs

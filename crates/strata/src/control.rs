@@ -11,6 +11,7 @@
 //! {"op":"snapshot_create","volume":"vm1","snapshot":"s"} -> {"ok":{...SnapshotRecord...}}
 //! {"op":"snapshot_delete","volume":"vm1","snapshot":"s"} -> {"ok":null}
 //! {"op":"resize","volume":"vm1","size_bytes":N,"allow_shrink":false} -> {"ok":OLD_SIZE}
+//! {"op":"flatten","volume":"vm1"}         -> {"ok":BYTES_COPIED}
 //! any error                               -> {"error":"...","not_served":bool}
 //! ```
 //! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
@@ -51,6 +52,9 @@ pub enum Request {
         volume: String,
         size_bytes: u64,
         allow_shrink: bool,
+    },
+    Flatten {
+        volume: String,
     },
 }
 
@@ -132,7 +136,8 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
         | Request::Stats { volume }
         | Request::SnapshotCreate { volume, .. }
         | Request::SnapshotDelete { volume, .. }
-        | Request::Resize { volume, .. } => volume.clone(),
+        | Request::Resize { volume, .. }
+        | Request::Flatten { volume } => volume.clone(),
     };
     let Some(vol) = engine.served_or_opening(&volume).await else {
         return Reply::Error {
@@ -152,6 +157,11 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
             .await
             .map_err(anyhow::Error::from)
             .and_then(|r| Ok(serde_json::to_value(r)?)),
+        Request::Flatten { .. } => vol
+            .flatten()
+            .await
+            .map(serde_json::Value::from)
+            .map_err(anyhow::Error::from),
         Request::Resize {
             size_bytes,
             allow_shrink,

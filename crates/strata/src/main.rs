@@ -232,6 +232,22 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                 print_history_info(&v);
             }
         }
+        VolumeCommand::Flatten { name } => {
+            let req = control::Request::Flatten {
+                volume: name.clone(),
+            };
+            let what = format!("flatten {name:?}");
+            let command = format!("strata volume flatten {name}");
+            let copied =
+                match control::on_serving_server(engine, name, &req, &what, &command).await? {
+                    Some(v) => v.as_u64().unwrap_or(0),
+                    None => engine.flatten_volume(name).await?,
+                };
+            println!(
+                "flattened {name}: copied {} from its parent; it is no longer a clone",
+                format_size(copied)
+            );
+        }
         VolumeCommand::Resize {
             name,
             size,
@@ -261,7 +277,9 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
         }
         VolumeCommand::Diff { .. }
         | VolumeCommand::ExportDiff { .. }
-        | VolumeCommand::ImportDiff { .. } => snapshot_cmd::diff_command(engine, cmd).await?,
+        | VolumeCommand::ImportDiff { .. }
+        | VolumeCommand::Export { .. }
+        | VolumeCommand::Import { .. } => snapshot_cmd::data_command(engine, cmd).await?,
         VolumeCommand::Clone { source, name } => {
             let (parent, snapshot) = snapshot_cmd::split_target(source)?;
             let m = engine.create_clone(parent, snapshot, name).await?;

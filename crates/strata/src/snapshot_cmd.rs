@@ -5,11 +5,11 @@
 use anyhow::{bail, Context};
 use std::io::Write;
 
-use strata_volume::{split_export_name, ChangeKind, Engine, ExportName, SnapshotRecord};
+use strata_volume::{split_export_name, ChangeKind, Engine, ExportName, ImageSink, SnapshotRecord};
 
 use crate::cli::{SnapshotCommand, VolumeCommand};
 use crate::control::{self, Request};
-use crate::size::format_size;
+use crate::size::{format_size, size_option};
 
 pub async fn run(engine: &Engine, cmd: &SnapshotCommand) -> anyhow::Result<()> {
     match cmd {
@@ -80,8 +80,8 @@ pub async fn run(engine: &Engine, cmd: &SnapshotCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `volume diff`, `export-diff`, `import-diff`.
-pub async fn diff_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<()> {
+/// `volume diff`, `export-diff`, `import-diff`, `export`, `import`.
+pub async fn data_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<()> {
     match cmd {
         VolumeCommand::Diff { from, to, json } => {
             let (volume, a, b) = split_pair(from, to)?;
@@ -123,6 +123,80 @@ pub async fn diff_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Resul
             eprintln!(
                 "exported {from} -> {to}: {} records, {} of data, {} of zeros",
                 sum.records,
+                format_size(sum.data_bytes),
+                format_size(sum.zero_bytes)
+            );
+        }
+        VolumeCommand::Export { source, file } => {
+            let (volume, snapshot) = match split_export_name(source) {
+                Ok(ExportName::Volume(v)) => (v, None),
+                Ok(ExportName::Snapshot { volume, snapshot }) => (volume, Some(snapshot)),
+                Err(e) => bail!("bad volume or snapshot {source:?}: {e}"),
+            };
+            let progress = Progress::new("exporting");
+            let show = |done, total| progress.show(done, total);
+            let sum = if file.as_os_str() == "-" {
+                let mut out = std::io::BufWriter::new(std::io::stdout());
+                engine
+                    .export_image(volume, snapshot, ImageSink::Stream(&mut out), &show)
+                    .await?
+            } else {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(file)
+                    .with_context(|| format!("cannot create {}", file.display()))?;
+                engine
+                    .export_image(volume, snapshot, ImageSink::File(&f), &show)
+                    .await?
+            };
+            progress.finish();
+            eprintln!(
+                "exported {source} ({}): {} of data, {} of holes",
+                format_size(sum.size_bytes),
+                format_size(sum.data_bytes),
+                format_size(sum.zero_bytes)
+            );
+        }
+        VolumeCommand::Import { file, volume, size } => {
+            let given = size
+                .as_deref()
+                .map(|s| size_option("--size", s))
+                .transpose()?;
+            let stdin = file.as_os_str() == "-";
+            let size_bytes = match (given, stdin) {
+                (Some(s), _) => s,
+                (None, false) => {
+                    let len = std::fs::metadata(file)
+                        .with_context(|| format!("cannot read {}", file.display()))?
+                        .len();
+                    len.div_ceil(512) * 512
+                }
+                (None, true) => match engine.volume_info_with(volume, false).await {
+                    Ok(v) => v.size_bytes,
+                    Err(_) => bail!("importing from standard input into a new volume needs --size"),
+                },
+            };
+            let progress = Progress::new("importing");
+            let show = |done, total| progress.show(done, total);
+            let sum = if stdin {
+                let mut input = std::io::BufReader::new(std::io::stdin());
+                engine
+                    .import_image(&mut input, volume, size_bytes, &show)
+                    .await?
+            } else {
+                let mut input = std::fs::File::open(file)
+                    .with_context(|| format!("cannot open {}", file.display()))?;
+                engine
+                    .import_image(&mut input, volume, size_bytes, &show)
+                    .await?
+            };
+            progress.finish();
+            println!(
+                "imported {} into {volume} ({}): {} of data stored, {} of zeros skipped",
+                file.display(),
+                format_size(sum.size_bytes),
                 format_size(sum.data_bytes),
                 format_size(sum.zero_bytes)
             );

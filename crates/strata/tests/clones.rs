@@ -112,13 +112,26 @@ fn clones_share_a_snapshot_and_write_independently(target: Target) {
     check_all(&server, "after refused deletions");
     server.stop();
 
-    for gone in ["c3", "c2"] {
-        cli_ok(&server, &["volume", "delete", gone]);
-    }
+    // c1 has a snapshot that reads from base: it cannot be flattened.
+    let err = cli_err(&server, &["volume", "flatten", "c1"]);
+    assert!(err.contains("read from its parent (s1)"), "{err}");
+    // c2 can: it keeps its data and stops being a clone.
+    let said = cli_ok(&server, &["volume", "flatten", "c2"]);
+    assert!(said.contains("copied 8 MiB"), "{said}");
+    let info = cli_ok(&server, &["volume", "info", "c2"]);
+    assert!(!info.contains("clone of"), "{info}");
+    cli_ok(&server, &["volume", "delete", "c3"]);
     let err = cli_err(&server, &["snapshot", "delete", "base@gold"]);
-    assert!(err.contains("has clones: c1"), "{err}");
+    assert!(
+        err.contains("has clones: c1") && !err.contains("c2"),
+        "{err}"
+    );
     cli_ok(&server, &["volume", "delete", "c1"]);
     cli_ok(&server, &["snapshot", "delete", "base@gold"]);
+    cli_ok(
+        &server,
+        &["volume", "gc", "base", "--wait", "--gc-grace-ms", "0"],
+    );
     server.volumes.retain(|(n, _)| n == "base");
     server.start_again();
     verify(
@@ -126,6 +139,12 @@ fn clones_share_a_snapshot_and_write_independently(target: Target) {
         "base",
         &["read -P 0x22 0 8M"],
         "after the clones went",
+    );
+    verify(
+        &server,
+        "c2",
+        &["read -P 0x11 0 8M", "read -P 0x44 8M 1M"],
+        "flattened, after its parent snapshot was deleted and collected",
     );
     server.stop();
 }
@@ -168,6 +187,53 @@ fn clone_depth_is_limited_with_a_clear_error() {
         &["volume", "clone", &format!("{last}@s"), "too-deep"],
     );
     assert!(err.contains("clones may nest 16 deep"), "{err}");
+}
+
+/// A flatten killed before and after its manifest write: still a clone,
+/// or flat; the data reads back either way and the next flatten works.
+#[test]
+fn a_flatten_killed_before_or_after_its_write_is_done_or_not() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    for (point, flat) in [
+        ("flatten.before_manifest", false),
+        ("flatten.after_manifest", true),
+    ] {
+        let dir = tmp.path().join(point.replace('.', "-"));
+        let mut server = Server::start(&dir, Target::strata_with(&ARGS), &[("base", VOL)]);
+        write(&server, "base", &["write -P 0x11 0 8M"]);
+        cli_ok(&server, &["snapshot", "create", "base@gold"]);
+        cli_ok(&server, &["volume", "clone", "base@gold", "c"]);
+        write(&server, "c", &["write -P 0x33 1M 1M"]);
+        server.stop();
+        server.target = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
+        let err = cli_err(&server, &["volume", "flatten", "c"]);
+        assert!(err.contains(&format!("STRATA_CRASH_AT={point}")), "{err}");
+        server.target = Target::strata_with(&ARGS);
+        let info = cli_ok(&server, &["volume", "info", "c"]);
+        assert_eq!(info.contains("clone of"), !flat, "{point}: {info}");
+        server.start_again();
+        let reads = [
+            "read -P 0x11 0 1M",
+            "read -P 0x33 1M 1M",
+            "read -P 0x11 2M 6M",
+        ];
+        verify(&server, "c", &reads, point);
+        server.stop();
+        if !flat {
+            cli_ok(&server, &["volume", "flatten", "c"]);
+        }
+        cli_ok(&server, &["snapshot", "delete", "base@gold"]);
+        server.start_again();
+        verify(
+            &server,
+            "c",
+            &reads,
+            &format!("{point}: flat, parent snapshot gone"),
+        );
+        server.stop();
+    }
 }
 
 /// A clone's creation killed after its marker (no clone; the snapshot can

@@ -166,3 +166,67 @@ fn export_diff_applied_to_a_copy_gives_an_identical_image_s3() {
     let store = S3Store::on_shared_minio("diffs");
     diff_round_trip(Target::strata_s3(&store, &ARGS));
 }
+
+/// Whole images: a snapshot exported to a sparse file and to standard
+/// output (the same bytes), imported into new volumes from the file and
+/// from standard input: each compares equal to the snapshot.
+#[test]
+fn export_and_import_of_whole_images_round_trip() {
+    require_tools(&["qemu-io", "qemu-img"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let server = Server::start(tmp.path(), Target::strata_with(&ARGS), &[("vol", VOL)]);
+    io(
+        &server,
+        "vol",
+        &["write -P 0x11 1M 3M", "write -P 0x12 20M 100k"],
+    );
+    cli_ok(&server, &["snapshot", "create", "vol@s"]);
+    let image = tmp.path().join("s.img");
+    cli_ok(
+        &server,
+        &["volume", "export", "vol@s", image.to_str().unwrap()],
+    );
+    let meta = std::fs::metadata(&image).unwrap();
+    assert_eq!(meta.len(), VOL);
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        meta.blocks() * 512 < 8 * MIB,
+        "the image is not sparse: {} blocks",
+        meta.blocks()
+    );
+    let out = server.cli(&["volume", "export", "vol@s", "-"]);
+    assert!(out.status.success(), "{}", stderr_str(&out));
+    assert!(
+        out.stdout == std::fs::read(&image).unwrap(),
+        "stdout and file exports differ"
+    );
+
+    let said = cli_ok(
+        &server,
+        &["volume", "import", image.to_str().unwrap(), "restored"],
+    );
+    assert!(said.contains("imported"), "{said}");
+    let mut c = strata_command(None, &[]);
+    c.arg("--store")
+        .arg(server.store_dir())
+        .arg("--data-dir")
+        .arg(server.data_dir())
+        .args(["volume", "import", "-", "piped", "--size", "32MiB"]);
+    let stdin = std::fs::File::open(&image).unwrap().into();
+    let out = run_timeout_from(&mut c, stdin, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr_str(&out));
+    assert!(
+        stdout_str(&out).contains("8 MiB of data stored"),
+        "{}",
+        stdout_str(&out)
+    );
+    for copy in ["restored", "piped"] {
+        assert!(
+            same_image(&server, "vol@s", copy),
+            "{copy} differs from vol@s"
+        );
+    }
+    let err = cli_err(&server, &["volume", "import", "-", "new-one"]);
+    assert!(err.contains("needs --size"), "{err}");
+}

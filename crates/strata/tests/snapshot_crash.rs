@@ -132,8 +132,8 @@ fn a_snapshot_create_killed_at_each_step_happened_or_not() {
     let tmp = tempfile::TempDir::new().unwrap();
     assert_eq!(
         strata_volume::SNAPSHOT_CRASH_POINTS.len(),
-        10,
-        "a crash point without a test (the clone's are in clones.rs, the resize's in resize.rs)"
+        12,
+        "a crash point without a test (the clone's and flatten's are in clones.rs, the resize's in resize.rs)"
     );
     create_killed_at(tmp.path(), "snapshot.before_manifest", false);
     create_killed_at(tmp.path(), "snapshot.after_create", true);

@@ -6,9 +6,11 @@
 
 mod clones;
 mod diffs;
+mod images;
 mod snapshots;
 
 pub use diffs::DiffSummary;
+pub use images::{ImageSink, ImageSummary};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -314,6 +316,12 @@ impl Engine {
             vol.resize(size_bytes, allow_shrink).await
         })
         .await
+    }
+
+    /// Flattens clone `name` (`Volume::flatten`); returns the bytes copied.
+    pub async fn flatten_volume(&self, name: &str) -> Result<u64, VolumeError> {
+        self.with_volume(name, |vol| async move { vol.flatten().await })
+            .await
     }
 
     pub async fn gc_volume(&self, name: &str, wait: bool) -> Result<GcPassReport, VolumeError> {

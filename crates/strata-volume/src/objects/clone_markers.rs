@@ -42,7 +42,8 @@ pub(crate) async fn list_clone_markers(
             detail,
         })?;
         let live = match read_manifest(store, &marker.clone).await {
-            Ok(m) => m.uuid == marker.clone_uuid,
+            // A flattened clone keeps its name and uuid but no parent.
+            Ok(m) => m.uuid == marker.clone_uuid && m.parent.is_some(),
             Err(VolumeError::NotFound(_)) => false,
             Err(e) => return Err(e),
         };

@@ -19,12 +19,14 @@
 //! - `snapshot.rs`: snapshots: create, delete, roll back (`snapshot/`
 //!   holds the rules);
 //! - `resize.rs`: growing and shrinking, served or not;
+//! - `flatten.rs`: a clone's inherited data copied in, the parent dropped;
 //! - `close.rs`: the clean close.
 //!
 //! Those files only add methods to `Volume`; none refers to another by path.
 
 mod checkpoint;
 mod close;
+mod flatten;
 mod gc;
 mod open;
 mod read;

@@ -131,8 +131,13 @@ fn tail(s: &str, max: usize) -> &str {
 /// Runs a command to completion with a timeout (the child is killed and the
 /// test fails if it takes longer). stdin is /dev/null.
 pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    run_timeout_from(cmd, Stdio::null(), timeout)
+}
+
+/// [`run_timeout`] with `stdin` as the command's standard input.
+pub fn run_timeout_from(cmd: &mut Command, stdin: Stdio, timeout: Duration) -> Output {
     let desc = format!("{cmd:?}");
-    cmd.stdin(Stdio::null())
+    cmd.stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
