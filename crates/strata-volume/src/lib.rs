@@ -48,9 +48,9 @@ pub use config::{
     MIN_LEASE_TTL_MS,
 };
 pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS};
-pub use engine::{
-    DiffSummary, Engine, EngineStats, ImageSink, ImageSummary, VolumeInfo, MAX_VOLUME_BYTES,
-};
+pub use engine::diffs::DiffSummary;
+pub use engine::images::{ImageSink, ImageSummary};
+pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::manifest::{GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord};
 pub use gc::{GcPassReport, GcStats};

@@ -39,11 +39,12 @@ async fn assert_view_matches(view: &Arc<SnapshotView>, model: &[u8], what: &str)
 }
 
 /// The same writes (100 of 64 KiB, spread over the whole volume) on a
-/// 1 GiB and a 100 GiB volume: a snapshot of each costs the same number of
-/// store requests, and few (a seal point's segment, its checkpoint, the
-/// manifest).
+/// 1 GiB and a 100 GiB volume: a snapshot of each, and a clone of that,
+/// cost the same number of store requests, and few (a snapshot: a seal
+/// point's segment, its checkpoint, the manifest; a clone: manifests read,
+/// its marker, its manifest).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_costs_the_same_store_requests_on_1_gib_and_100_gib() {
+async fn a_snapshot_and_a_clone_cost_the_same_store_requests_on_1_gib_and_100_gib() {
     let mut costs = Vec::new();
     for size in [GIB, 100 * GIB] {
         let dir = tempfile::tempdir().unwrap();
@@ -63,19 +64,35 @@ async fn a_snapshot_costs_the_same_store_requests_on_1_gib_and_100_gib() {
         let before = requests(&store);
         vol.create_snapshot("s").await.unwrap();
         let cost = requests(&store) - before;
+        let before = requests(&store);
+        engine.create_clone("v", "s", "c").await.unwrap();
+        let clone_cost = requests(&store) - before;
         let view = engine.open_snapshot("v", "s").await.unwrap();
         let mut buf = vec![0u8; 64 << 10];
         view.read(99 * (size / 100), &mut buf).await.unwrap();
         assert_eq!(buf, data, "{size}: the snapshot's last write");
+        let clone = engine.open_volume("c").await.unwrap();
+        clone.read(99 * (size / 100), &mut buf).await.unwrap();
+        assert_eq!(buf, data, "{size}: the clone's last write");
+        clone.close().await.unwrap();
         vol.close().await.unwrap();
-        costs.push(cost);
+        costs.push((cost, clone_cost));
     }
     eprintln!(
-        "store requests per snapshot: 1 GiB {}, 100 GiB {}",
+        "store requests per snapshot and per clone: 1 GiB {:?}, 100 GiB {:?}",
         costs[0], costs[1]
     );
     assert_eq!(costs[0], costs[1], "store requests: 1 GiB vs 100 GiB");
-    assert!(costs[0] <= 6, "a snapshot took {} store requests", costs[0]);
+    assert!(
+        costs[0].0 <= 6,
+        "a snapshot took {} store requests",
+        costs[0].0
+    );
+    assert!(
+        costs[0].1 <= 8,
+        "a clone took {} store requests",
+        costs[0].1
+    );
 }
 
 /// Random writes, TRIMs and zeroes with garbage collection running in the

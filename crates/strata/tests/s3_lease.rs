@@ -9,7 +9,8 @@
 //!     must notice within seconds: its clients' requests fail, new
 //!     connections are refused, its log says "fenced", and nothing it had
 //!     buffered reaches the store: B's data is intact, through B and through
-//!     a third server on yet another data dir.
+//!     a third server on yet another data dir. A fenced server takes no
+//!     snapshot, deletes none and resizes nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -197,6 +198,10 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
     let a_buffered = [(0x43, 16 * MIB, 2 * MIB), (0x44, 0, 4096)];
     write_patterns(&a_uri, &a_buffered, false);
 
+    // A snapshot A takes while it holds the volume.
+    let out = a.cli(&["snapshot", "create", "vol@keep"]);
+    assert!(out.status.success(), "{}", stderr_str(&out));
+
     // A freezes past its TTL; B takes over.
     a.signal(libc::SIGSTOP);
     let frozen = Instant::now();
@@ -239,6 +244,19 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
         thread::sleep(Duration::from_millis(50));
     }
     eprintln!("A logged \"fenced\" {:.1?} after SIGCONT", woke.elapsed());
+    // A fenced server takes no snapshot, deletes none, resizes nothing.
+    for args in [
+        &["snapshot", "create", "vol@late"][..],
+        &["snapshot", "delete", "vol@keep"][..],
+        &["volume", "resize", "vol", "--size", "128MiB"][..],
+    ] {
+        let out = a.cli(args);
+        let err = stderr_str(&out);
+        assert!(
+            !out.status.success() && err.contains("fenced"),
+            "the fenced server A did {args:?}: {err}"
+        );
+    }
     // Its connected client's write fails.
     std::fs::write(&trigger, b"go").unwrap();
     let st = late.wait(Duration::from_secs(60));
@@ -289,8 +307,17 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
     let a_status = a.stop_status(libc::SIGTERM);
     eprintln!("fenced server A exited with {a_status} on SIGTERM");
 
-    // B's data is intact: through B, and from the store alone.
+    // B's data is intact: through B, and from the store alone; the
+    // snapshot is still there and the volume's size unchanged.
     qemu_io_verify(&b_uri, &reads(&expect), "through B after A was fenced");
+    let out = b.cli(&["snapshot", "list", "vol", "--json"]);
+    let listed = stdout_str(&out);
+    assert!(
+        listed.contains("\"keep\"") && !listed.contains("\"late\""),
+        "{listed}"
+    );
+    let info = stdout_str(&b.cli(&["volume", "info", "vol", "--json"]));
+    assert!(info.contains(&format!("\"size_bytes\": {VOL}")), "{info}");
     b.stop();
     let mut c = Server::start(&tmp.path().join("c"), target.clone(), &[("vol", VOL)]);
     qemu_io_verify(

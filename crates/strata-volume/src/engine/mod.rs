@@ -5,12 +5,9 @@
 //! snapshots by name are in `snapshots.rs`.
 
 mod clones;
-mod diffs;
-mod images;
+pub(crate) mod diffs;
+pub(crate) mod images;
 mod snapshots;
-
-pub use diffs::DiffSummary;
-pub use images::{ImageSink, ImageSummary};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -294,7 +291,11 @@ impl Engine {
     /// The volume if this engine has it open or is opening it (waits for
     /// the open: a server that opens its volumes in the background answers
     /// for them from its start).
+    /// A fenced volume is returned too: what is asked of it fails saying so.
     pub async fn served_or_opening(&self, name: &str) -> Option<Arc<Volume>> {
+        if let Some(vol) = self.served(name) {
+            return Some(vol);
+        }
         if self.open.lock().contains_key(name) {
             return self.open_volume(name).await.ok();
         }
