@@ -275,3 +275,29 @@ fn a_clone_killed_after_each_step_exists_or_not() {
         }
     }
 }
+
+/// A clone rolled back to its own snapshot: the inherited data and the
+/// clone's writes before the snapshot come back.
+#[test]
+fn a_clone_rolls_back_to_its_own_snapshot() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut server = Server::start(tmp.path(), Target::strata_with(&ARGS), &[("base", VOL)]);
+    write(&server, "base", &["write -P 0x11 0 8M"]);
+    cli_ok(&server, &["snapshot", "create", "base@gold"]);
+    cli_ok(&server, &["volume", "clone", "base@gold", "c"]);
+    write(&server, "c", &["write -P 0x33 1M 1M"]);
+    cli_ok(&server, &["snapshot", "create", "c@one"]);
+    write(&server, "c", &["write -P 0x55 0 8M"]);
+    server.stop();
+    cli_ok(&server, &["snapshot", "rollback", "c@one"]);
+    server.start_again();
+    let reads = [
+        "read -P 0x11 0 1M",
+        "read -P 0x33 1M 1M",
+        "read -P 0x11 2M 6M",
+    ];
+    verify(&server, "c", &reads, "after the clone's rollback");
+    server.stop();
+}

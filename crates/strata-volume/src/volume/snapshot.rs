@@ -146,7 +146,7 @@ impl Volume {
         let job = {
             let mut st = self.state.lock();
             self.check_failed_locked(&st)?;
-            check_kept(&st, map.usage(), &self.name, name)?;
+            check_kept(&st, map.usage(), self.lineage.base_seq(), &self.name, name)?;
             let size = self.size_bytes();
             let replace: MapEdit = Box::new(move |m: &mut ExtentMap| *m = map);
             self.seal_for_history_locked(&mut st, Some(replace), size)
@@ -291,15 +291,17 @@ impl Volume {
 }
 
 /// Every segment a snapshot's map points into must still be stored (pins
-/// kept them; anything else is a bug or damage, reported, not rolled to).
+/// kept them; anything else is a bug or damage, reported, not rolled to);
+/// a clone's ancestors' segments (up to `base`) are their volumes'.
 fn check_kept(
     st: &State,
     usage: &SegmentUsage,
+    base: u64,
     volume: &str,
     snapshot: &str,
 ) -> Result<(), VolumeError> {
     for (seq, _) in usage.iter() {
-        if !st.stored.contains_key(&seq) && !st.sealed.contains_key(&seq) {
+        if seq > base && !st.stored.contains_key(&seq) && !st.sealed.contains_key(&seq) {
             return Err(VolumeError::Corrupt {
                 path: format!("{volume}@{snapshot}"),
                 detail: format!(
