@@ -225,45 +225,34 @@ fn split_pair<'a>(from: &'a str, to: &'a str) -> anyhow::Result<(&'a str, &'a st
     Ok((va, a, b))
 }
 
-/// A progress line on stderr when it is a terminal, at most 10 a second.
+/// A progress bar on stderr when it is a terminal (indicatif: hidden
+/// otherwise, redrawn at most 20 times a second).
 struct Progress {
-    what: &'static str,
-    terminal: bool,
-    last_ms: std::sync::atomic::AtomicU64,
-    started: std::time::Instant,
+    bar: indicatif::ProgressBar,
 }
 
 impl Progress {
     fn new(what: &'static str) -> Progress {
-        use std::io::IsTerminal;
-        Progress {
-            what,
-            terminal: std::io::stderr().is_terminal(),
-            last_ms: std::sync::atomic::AtomicU64::new(0),
-            started: std::time::Instant::now(),
-        }
+        let bar = indicatif::ProgressBar::with_draw_target(
+            None,
+            indicatif::ProgressDrawTarget::stderr_with_hz(20),
+        );
+        let style = indicatif::ProgressStyle::with_template(
+            "{msg}: {bytes}/{total_bytes} [{wide_bar}] {bytes_per_sec}, {eta} left",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_message(what);
+        Progress { bar }
     }
 
     fn show(&self, done: u64, total: u64) {
-        use std::sync::atomic::Ordering;
-        let now = self.started.elapsed().as_millis() as u64;
-        if !self.terminal || now < self.last_ms.load(Ordering::Relaxed) + 100 {
-            return;
-        }
-        self.last_ms.store(now, Ordering::Relaxed);
-        let pct = (done * 100).checked_div(total).unwrap_or(100);
-        eprint!(
-            "\r{}: {} of {} ({pct}%)   ",
-            self.what,
-            format_size(done),
-            format_size(total)
-        );
+        self.bar.set_length(total);
+        self.bar.set_position(done);
     }
 
     fn finish(&self) {
-        if self.terminal {
-            eprintln!();
-        }
+        self.bar.finish_and_clear();
     }
 }
 
