@@ -34,7 +34,7 @@ pub use counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
 pub use s3_config::{Credentials, HttpMode, S3Config};
 
 pub use local_reader::LocalFile;
-pub use names::{validate_volume_name, ObjectNames, MAX_VOLUME_NAME_BYTES};
+pub use names::{validate_name, validate_volume_name, ObjectNames, MAX_VOLUME_NAME_BYTES};
 pub use object_store;
 pub use store::{Store, StoreError, StoreStats};
 

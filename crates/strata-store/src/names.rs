@@ -17,15 +17,20 @@ pub const MAX_VOLUME_NAME_BYTES: usize = 64;
 /// Checks a volume name: 1..=64 bytes of `[A-Za-z0-9._-]`, not starting
 /// with `.` or `-` (so it is a safe path component and NBD export name).
 pub fn validate_volume_name(name: &str) -> Result<(), String> {
+    validate_name("volume", name)
+}
+
+/// Checks the name of a `kind` (volume, snapshot) by the volume name rule.
+pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_VOLUME_NAME_BYTES {
         return Err(format!(
-            "volume name must be 1 to {MAX_VOLUME_NAME_BYTES} bytes long (got {})",
+            "{kind} name must be 1 to {MAX_VOLUME_NAME_BYTES} bytes long (got {})",
             name.len()
         ));
     }
     if name.starts_with('.') || name.starts_with('-') {
         return Err(format!(
-            "volume name {name:?} must not start with '.' or '-'"
+            "{kind} name {name:?} must not start with '.' or '-'"
         ));
     }
     let ok = name
@@ -33,7 +38,7 @@ pub fn validate_volume_name(name: &str) -> Result<(), String> {
         .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
     if !ok {
         return Err(format!(
-            "volume name {name:?} may only contain letters, digits, '.', '_' and '-'"
+            "{kind} name {name:?} may only contain letters, digits, '.', '_' and '-'"
         ));
     }
     Ok(())

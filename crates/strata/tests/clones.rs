@@ -15,23 +15,6 @@ use common::*;
 const VOL: u64 = 32 * MIB;
 const ARGS: [&str; 4] = ["--segment-size", "1MiB", "--gc-grace-ms", "0"];
 
-fn cli_ok(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed:\n{}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-    stdout_str(&out)
-}
-
-fn cli_err(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(!out.status.success(), "strata {args:?} succeeded");
-    stderr_str(&out)
-}
-
 fn write(server: &Server, export: &str, cmds: &[&str]) {
     let mut all: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
     all.push("flush".into());
@@ -76,62 +59,59 @@ fn clones_share_a_snapshot_and_write_independently(target: Target) {
     let tmp = tempfile::TempDir::new().unwrap();
     let mut server = Server::start(tmp.path(), target, &[("base", VOL)]);
     write(&server, "base", &["write -P 0x11 0 8M"]);
-    cli_ok(&server, &["snapshot", "create", "base@gold"]);
-    let said = cli_ok(&server, &["volume", "clone", "base@gold", "c1"]);
+    server.cli_ok(&["snapshot", "create", "base@gold"]);
+    let said = server.cli_ok(&["volume", "clone", "base@gold", "c1"]);
     assert!(said.contains("a clone of base@gold"), "{said}");
-    cli_ok(&server, &["volume", "clone", "base@gold", "c2"]);
+    server.cli_ok(&["volume", "clone", "base@gold", "c2"]);
     write(&server, "c1", &["write -P 0x33 0 1M"]);
     write(&server, "c2", &["write -P 0x44 8M 1M"]);
     // A clone of a clone.
-    cli_ok(&server, &["snapshot", "create", "c1@s1"]);
-    cli_ok(&server, &["volume", "clone", "c1@s1", "c3"]);
+    server.cli_ok(&["snapshot", "create", "c1@s1"]);
+    server.cli_ok(&["volume", "clone", "c1@s1", "c3"]);
     write(&server, "c3", &["write -P 0x55 1M 1M"]);
     // The parent moves on and collects garbage: the clones keep the
     // snapshot's data.
     write(&server, "base", &["write -P 0x22 0 8M"]);
-    cli_ok(&server, &["volume", "gc", "base", "--wait"]);
+    server.cli_ok(&["volume", "gc", "base", "--wait"]);
     check_all(&server, "after the parent was overwritten and collected");
-    let info = cli_ok(&server, &["volume", "info", "c3"]);
+    let info = server.cli_ok(&["volume", "info", "c3"]);
     assert!(info.contains("clone of:    c1@s1"), "{info}");
 
     server.kill9();
     server.start_again();
     check_all(&server, "after kill -9");
 
-    let err = cli_err(&server, &["snapshot", "delete", "base@gold"]);
+    let err = server.cli_err(&["snapshot", "delete", "base@gold"]);
     assert!(
         err.contains("has clones") && err.contains("c1") && err.contains("c2"),
         "{err}"
     );
     server.stop();
-    let err = cli_err(&server, &["volume", "delete", "base"]);
+    let err = server.cli_err(&["volume", "delete", "base"]);
     assert!(err.contains("has clones"), "{err}");
-    let err = cli_err(&server, &["volume", "delete", "c1"]);
+    let err = server.cli_err(&["volume", "delete", "c1"]);
     assert!(err.contains("has clones: c3"), "{err}");
     server.start_again();
     check_all(&server, "after refused deletions");
     server.stop();
 
     // c1 has a snapshot that reads from base: it cannot be flattened.
-    let err = cli_err(&server, &["volume", "flatten", "c1"]);
+    let err = server.cli_err(&["volume", "flatten", "c1"]);
     assert!(err.contains("read from its parent (s1)"), "{err}");
     // c2 can: it keeps its data and stops being a clone.
-    let said = cli_ok(&server, &["volume", "flatten", "c2"]);
+    let said = server.cli_ok(&["volume", "flatten", "c2"]);
     assert!(said.contains("copied 8 MiB"), "{said}");
-    let info = cli_ok(&server, &["volume", "info", "c2"]);
+    let info = server.cli_ok(&["volume", "info", "c2"]);
     assert!(!info.contains("clone of"), "{info}");
-    cli_ok(&server, &["volume", "delete", "c3"]);
-    let err = cli_err(&server, &["snapshot", "delete", "base@gold"]);
+    server.cli_ok(&["volume", "delete", "c3"]);
+    let err = server.cli_err(&["snapshot", "delete", "base@gold"]);
     assert!(
         err.contains("has clones: c1") && !err.contains("c2"),
         "{err}"
     );
-    cli_ok(&server, &["volume", "delete", "c1"]);
-    cli_ok(&server, &["snapshot", "delete", "base@gold"]);
-    cli_ok(
-        &server,
-        &["volume", "gc", "base", "--wait", "--gc-grace-ms", "0"],
-    );
+    server.cli_ok(&["volume", "delete", "c1"]);
+    server.cli_ok(&["snapshot", "delete", "base@gold"]);
+    server.cli_ok(&["volume", "gc", "base", "--wait", "--gc-grace-ms", "0"]);
     server.volumes.retain(|(n, _)| n == "base");
     server.start_again();
     verify(
@@ -169,23 +149,17 @@ fn clone_depth_is_limited_with_a_clear_error() {
     server.stop();
     for depth in 1..=strata_volume::MAX_CLONE_DEPTH {
         let parent = format!("v{}", depth - 1);
-        cli_ok(&server, &["snapshot", "create", &format!("{parent}@s")]);
-        cli_ok(
-            &server,
-            &[
-                "volume",
-                "clone",
-                &format!("{parent}@s"),
-                &format!("v{depth}"),
-            ],
-        );
+        server.cli_ok(&["snapshot", "create", &format!("{parent}@s")]);
+        server.cli_ok(&[
+            "volume",
+            "clone",
+            &format!("{parent}@s"),
+            &format!("v{depth}"),
+        ]);
     }
     let last = format!("v{}", strata_volume::MAX_CLONE_DEPTH);
-    cli_ok(&server, &["snapshot", "create", &format!("{last}@s")]);
-    let err = cli_err(
-        &server,
-        &["volume", "clone", &format!("{last}@s"), "too-deep"],
-    );
+    server.cli_ok(&["snapshot", "create", &format!("{last}@s")]);
+    let err = server.cli_err(&["volume", "clone", &format!("{last}@s"), "too-deep"]);
     assert!(err.contains("clones may nest 16 deep"), "{err}");
 }
 
@@ -203,15 +177,15 @@ fn a_flatten_killed_before_or_after_its_write_is_done_or_not() {
         let dir = tmp.path().join(point.replace('.', "-"));
         let mut server = Server::start(&dir, Target::strata_with(&ARGS), &[("base", VOL)]);
         write(&server, "base", &["write -P 0x11 0 8M"]);
-        cli_ok(&server, &["snapshot", "create", "base@gold"]);
-        cli_ok(&server, &["volume", "clone", "base@gold", "c"]);
+        server.cli_ok(&["snapshot", "create", "base@gold"]);
+        server.cli_ok(&["volume", "clone", "base@gold", "c"]);
         write(&server, "c", &["write -P 0x33 1M 1M"]);
         server.stop();
         server.target = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
-        let err = cli_err(&server, &["volume", "flatten", "c"]);
+        let err = server.cli_err(&["volume", "flatten", "c"]);
         assert!(err.contains(&format!("STRATA_CRASH_AT={point}")), "{err}");
         server.target = Target::strata_with(&ARGS);
-        let info = cli_ok(&server, &["volume", "info", "c"]);
+        let info = server.cli_ok(&["volume", "info", "c"]);
         assert_eq!(info.contains("clone of"), !flat, "{point}: {info}");
         server.start_again();
         let reads = [
@@ -222,9 +196,9 @@ fn a_flatten_killed_before_or_after_its_write_is_done_or_not() {
         verify(&server, "c", &reads, point);
         server.stop();
         if !flat {
-            cli_ok(&server, &["volume", "flatten", "c"]);
+            server.cli_ok(&["volume", "flatten", "c"]);
         }
-        cli_ok(&server, &["snapshot", "delete", "base@gold"]);
+        server.cli_ok(&["snapshot", "delete", "base@gold"]);
         server.start_again();
         verify(
             &server,
@@ -252,12 +226,12 @@ fn a_clone_killed_after_each_step_exists_or_not() {
         let mut server = Server::start(&dir, Target::strata_with(&ARGS), &[("base", VOL)]);
         write(&server, "base", &["write -P 0x11 0 8M"]);
         server.stop();
-        cli_ok(&server, &["snapshot", "create", "base@gold"]);
+        server.cli_ok(&["snapshot", "create", "base@gold"]);
         server.target = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
-        let err = cli_err(&server, &["volume", "clone", "base@gold", "c"]);
+        let err = server.cli_err(&["volume", "clone", "base@gold", "c"]);
         assert!(err.contains(&format!("STRATA_CRASH_AT={point}")), "{err}");
         server.target = Target::strata_with(&ARGS);
-        let list = cli_ok(&server, &["volume", "list"]);
+        let list = server.cli_ok(&["volume", "list"]);
         assert_eq!(list.contains("\nc "), exists, "{point}: {list}");
         if exists {
             server.start_again();
@@ -268,10 +242,10 @@ fn a_clone_killed_after_each_step_exists_or_not() {
                 &format!("after {point}"),
             );
             server.stop();
-            let err = cli_err(&server, &["snapshot", "delete", "base@gold"]);
+            let err = server.cli_err(&["snapshot", "delete", "base@gold"]);
             assert!(err.contains("has clones: c"), "{point}: {err}");
         } else {
-            cli_ok(&server, &["snapshot", "delete", "base@gold"]);
+            server.cli_ok(&["snapshot", "delete", "base@gold"]);
         }
     }
 }
@@ -285,13 +259,13 @@ fn a_clone_rolls_back_to_its_own_snapshot() {
     let tmp = tempfile::TempDir::new().unwrap();
     let mut server = Server::start(tmp.path(), Target::strata_with(&ARGS), &[("base", VOL)]);
     write(&server, "base", &["write -P 0x11 0 8M"]);
-    cli_ok(&server, &["snapshot", "create", "base@gold"]);
-    cli_ok(&server, &["volume", "clone", "base@gold", "c"]);
+    server.cli_ok(&["snapshot", "create", "base@gold"]);
+    server.cli_ok(&["volume", "clone", "base@gold", "c"]);
     write(&server, "c", &["write -P 0x33 1M 1M"]);
-    cli_ok(&server, &["snapshot", "create", "c@one"]);
+    server.cli_ok(&["snapshot", "create", "c@one"]);
     write(&server, "c", &["write -P 0x55 0 8M"]);
     server.stop();
-    cli_ok(&server, &["snapshot", "rollback", "c@one"]);
+    server.cli_ok(&["snapshot", "rollback", "c@one"]);
     server.start_again();
     let reads = [
         "read -P 0x11 0 1M",

@@ -15,23 +15,6 @@ use common::*;
 const VOL: u64 = 32 * MIB;
 const ARGS: [&str; 4] = ["--segment-size", "1MiB", "--gc-grace-ms", "0"];
 
-fn cli_ok(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed:\n{}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-    stdout_str(&out)
-}
-
-fn cli_err(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(!out.status.success(), "strata {args:?} succeeded");
-    stderr_str(&out)
-}
-
 fn io(server: &Server, export: &str, cmds: &[&str]) {
     let mut all: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
     all.push("flush".into());
@@ -55,7 +38,7 @@ fn same_image(server: &Server, a: &str, b: &str) -> bool {
 }
 
 fn changes(server: &Server, from: &str, to: &str) -> Vec<serde_json::Value> {
-    let json = cli_ok(server, &["volume", "diff", from, to, "--json"]);
+    let json = server.cli_ok(&["volume", "diff", from, to, "--json"]);
     serde_json::from_str::<serde_json::Value>(&json)
         .unwrap()
         .as_array()
@@ -73,12 +56,12 @@ fn diff_round_trip(target: Target) {
         "vol",
         &["write -P 0x11 0 8M", "write -P 0x12 16M 2M"],
     );
-    cli_ok(&server, &["snapshot", "create", "vol@a"]);
+    server.cli_ok(&["snapshot", "create", "vol@a"]);
     // The copy at A: a clone with a snapshot of the same name.
-    cli_ok(&server, &["volume", "clone", "vol@a", "copy"]);
-    cli_ok(&server, &["snapshot", "create", "copy@a"]);
-    cli_ok(&server, &["volume", "clone", "vol@a", "spare"]);
-    cli_ok(&server, &["snapshot", "create", "spare@a"]);
+    server.cli_ok(&["volume", "clone", "vol@a", "copy"]);
+    server.cli_ok(&["snapshot", "create", "copy@a"]);
+    server.cli_ok(&["volume", "clone", "vol@a", "spare"]);
+    server.cli_ok(&["snapshot", "create", "spare@a"]);
     io(
         &server,
         "vol",
@@ -90,7 +73,7 @@ fn diff_round_trip(target: Target) {
             "write -P 0x23 24M 512k",
         ],
     );
-    cli_ok(&server, &["snapshot", "create", "vol@b"]);
+    server.cli_ok(&["snapshot", "create", "vol@b"]);
     let diff = changes(&server, "vol@a", "vol@b");
     let covered: u64 = diff.iter().map(|c| c["length"].as_u64().unwrap()).sum();
     let zeros = diff.iter().filter(|c| c["kind"] == "zero").count();
@@ -101,11 +84,8 @@ fn diff_round_trip(target: Target) {
 
     let file = tmp.path().join("a-b.diff");
     let file_arg = file.to_str().unwrap();
-    cli_ok(
-        &server,
-        &["volume", "export-diff", "vol@a", "vol@b", file_arg],
-    );
-    let said = cli_ok(&server, &["volume", "import-diff", file_arg, "copy"]);
+    server.cli_ok(&["volume", "export-diff", "vol@a", "vol@b", file_arg]);
+    let said = server.cli_ok(&["volume", "import-diff", file_arg, "copy"]);
     assert!(said.contains("applied"), "{said}");
     assert!(
         same_image(&server, "vol@b", "copy@b"),
@@ -126,9 +106,9 @@ fn diff_round_trip(target: Target) {
         "vol",
         &["write -P 0x31 8M 4M", "write -P 0x32 8M 3M"],
     );
-    cli_ok(&server, &["snapshot", "create", "vol@c"]);
-    cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
-    cli_ok(&server, &["snapshot", "create", "vol@d"]);
+    server.cli_ok(&["snapshot", "create", "vol@c"]);
+    server.cli_ok(&["volume", "gc", "vol", "--wait"]);
+    server.cli_ok(&["snapshot", "create", "vol@d"]);
     let none = changes(&server, "vol@c", "vol@d");
     assert!(none.is_empty(), "a GC pass made a diff: {none:?}");
 
@@ -138,20 +118,17 @@ fn diff_round_trip(target: Target) {
     bytes[mid] ^= 0x40;
     let bad = tmp.path().join("bad.diff");
     std::fs::write(&bad, &bytes).unwrap();
-    let err = cli_err(
-        &server,
-        &["volume", "import-diff", bad.to_str().unwrap(), "spare"],
-    );
+    let err = server.cli_err(&["volume", "import-diff", bad.to_str().unwrap(), "spare"]);
     assert!(err.contains("checksum") || err.contains("corrupt"), "{err}");
     assert!(
         same_image(&server, "vol@a", "spare"),
         "a damaged diff changed spare"
     );
-    let err = cli_err(&server, &["volume", "import-diff", file_arg, "copy"]);
+    let err = server.cli_err(&["volume", "import-diff", file_arg, "copy"]);
     assert!(err.contains("already has snapshot \"b\""), "{err}");
-    let err = cli_err(&server, &["volume", "import-diff", file_arg, "vol"]);
+    let err = server.cli_err(&["volume", "import-diff", file_arg, "vol"]);
     assert!(err.contains("already has snapshot \"b\""), "{err}");
-    let err = cli_err(&server, &["volume", "diff", "vol@b", "vol@a"]);
+    let err = server.cli_err(&["volume", "diff", "vol@b", "vol@a"]);
     assert!(err.contains("give the older one first"), "{err}");
     server.stop();
 }
@@ -181,12 +158,9 @@ fn export_and_import_of_whole_images_round_trip() {
         "vol",
         &["write -P 0x11 1M 3M", "write -P 0x12 20M 100k"],
     );
-    cli_ok(&server, &["snapshot", "create", "vol@s"]);
+    server.cli_ok(&["snapshot", "create", "vol@s"]);
     let image = tmp.path().join("s.img");
-    cli_ok(
-        &server,
-        &["volume", "export", "vol@s", image.to_str().unwrap()],
-    );
+    server.cli_ok(&["volume", "export", "vol@s", image.to_str().unwrap()]);
     let meta = std::fs::metadata(&image).unwrap();
     assert_eq!(meta.len(), VOL);
     use std::os::unix::fs::MetadataExt;
@@ -202,10 +176,7 @@ fn export_and_import_of_whole_images_round_trip() {
         "stdout and file exports differ"
     );
 
-    let said = cli_ok(
-        &server,
-        &["volume", "import", image.to_str().unwrap(), "restored"],
-    );
+    let said = server.cli_ok(&["volume", "import", image.to_str().unwrap(), "restored"]);
     assert!(said.contains("imported"), "{said}");
     let mut c = strata_command(None, &[]);
     c.arg("--store")
@@ -227,6 +198,6 @@ fn export_and_import_of_whole_images_round_trip() {
             "{copy} differs from vol@s"
         );
     }
-    let err = cli_err(&server, &["volume", "import", "-", "new-one"]);
+    let err = server.cli_err(&["volume", "import", "-", "new-one"]);
     assert!(err.contains("needs --size"), "{err}");
 }

@@ -15,17 +15,6 @@ use common::*;
 const VOL: u64 = 32 * MIB;
 const ARGS: [&str; 4] = ["--segment-size", "1MiB", "--gc-grace-ms", "0"];
 
-fn cli_ok(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed:\n{}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-    stdout_str(&out)
-}
-
 fn export_size(server: &Server, export: &str) -> u64 {
     let out = run_ok(
         std::process::Command::new("nbdinfo")
@@ -54,9 +43,9 @@ fn grow_and_shrink(target: Target) {
     let tmp = tempfile::TempDir::new().unwrap();
     let mut server = Server::start(tmp.path(), target, &[("vol", VOL)]);
     io(&server, &["write -P 0x11 0 32M"]);
-    cli_ok(&server, &["snapshot", "create", "vol@small"]);
+    server.cli_ok(&["snapshot", "create", "vol@small"]);
     // Grown by the serving server.
-    let said = cli_ok(&server, &["volume", "resize", "vol", "--size", "64MiB"]);
+    let said = server.cli_ok(&["volume", "resize", "vol", "--size", "64MiB"]);
     assert!(said.contains("resized vol from 32 MiB to 64 MiB"), "{said}");
     assert_eq!(export_size(&server, "vol"), 64 * MIB);
     assert_eq!(export_size(&server, "vol@small"), 32 * MIB);
@@ -88,19 +77,16 @@ fn grow_and_shrink(target: Target) {
         "{}",
         stderr_str(&refused)
     );
-    cli_ok(
-        &server,
-        &[
-            "volume",
-            "resize",
-            "vol",
-            "--size",
-            "16MiB",
-            "--allow-shrink",
-        ],
-    );
+    server.cli_ok(&[
+        "volume",
+        "resize",
+        "vol",
+        "--size",
+        "16MiB",
+        "--allow-shrink",
+    ]);
     assert_eq!(export_size(&server, "vol"), 16 * MIB);
-    cli_ok(&server, &["volume", "resize", "vol", "--size", "32MiB"]);
+    server.cli_ok(&["volume", "resize", "vol", "--size", "32MiB"]);
     verify(
         &server,
         "vol",
@@ -149,17 +135,7 @@ fn a_resize_killed_before_or_after_its_write_has_the_old_size_or_the_new() {
         let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
         let mut server = Server::start(&dir, crashing, &[("vol", VOL)]);
         io(&server, &["write -P 0x11 0 32M"]);
-        let out = server.cli(&["volume", "resize", "vol", "--size", "64MiB"]);
-        assert!(!out.status.success(), "{point}: the resize did not fail");
-        let status = server.wait_exit(Duration::from_secs(30));
-        assert!(status.is_some_and(|s| !s.success()), "{point}: {status:?}");
-        assert!(
-            server
-                .stderr()
-                .contains(&format!("STRATA_CRASH_AT={point}")),
-            "{point}: aborted elsewhere:\n{}",
-            server.stderr()
-        );
+        server.expect_crash(point, &["volume", "resize", "vol", "--size", "64MiB"]);
         server.target = Target::strata_with(&ARGS);
         server.start_again();
         assert_eq!(export_size(&server, "vol"), size, "{point}");

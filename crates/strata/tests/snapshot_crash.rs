@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::clients::{qemu_io, qemu_io_verify};
 use common::*;
 
@@ -38,19 +36,8 @@ fn write(server: &Server, pattern: u8) {
     assert!(out.status.success(), "{}", stderr_str(&out));
 }
 
-fn cli_ok(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed:\n{}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-    stdout_str(&out)
-}
-
 fn snapshots(server: &Server) -> Vec<String> {
-    let json = cli_ok(server, &["snapshot", "list", "vol", "--json"]);
+    let json = server.cli_ok(&["snapshot", "list", "vol", "--json"]);
     let list: serde_json::Value = serde_json::from_str(&json).unwrap();
     list.as_array()
         .unwrap()
@@ -62,24 +49,7 @@ fn snapshots(server: &Server) -> Vec<String> {
 /// Asks the server (which has `STRATA_CRASH_AT=point`) to run `args` and
 /// checks that it aborted there; restarts it without the crash point.
 fn crash_server_at(server: &mut Server, point: &str, args: &[&str]) {
-    let out = server.cli(args);
-    assert!(
-        !out.status.success(),
-        "{point}: {args:?} did not fail: {}",
-        stdout_str(&out)
-    );
-    let status = server.wait_exit(Duration::from_secs(30));
-    assert!(
-        status.is_some_and(|s| !s.success()),
-        "{point}: server did not abort: {status:?}"
-    );
-    assert!(
-        server
-            .stderr()
-            .contains(&format!("STRATA_CRASH_AT={point}")),
-        "{point}: aborted elsewhere:\n{}",
-        server.stderr()
-    );
+    server.expect_crash(point, args);
     server.target = Target::strata_with(&ARGS);
     server.start_again();
 }
@@ -108,10 +78,10 @@ fn create_killed_at(tmp: &std::path::Path, point: &str, done: bool) {
             &format!("{point}: the snapshot"),
         );
     } else {
-        cli_ok(&server, &["snapshot", "create", "vol@s"]);
+        server.cli_ok(&["snapshot", "create", "vol@s"]);
     }
     write(&server, 0x22);
-    cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
+    server.cli_ok(&["volume", "gc", "vol", "--wait"]);
     qemu_io_verify(
         &server.uri("vol@s"),
         &expect(0x11),
@@ -148,7 +118,7 @@ fn a_snapshot_delete_killed_after_its_write_is_done_and_space_comes_back() {
     let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
     let mut server = Server::start(tmp.path(), crashing, &[("vol", VOL)]);
     write(&server, 0x11);
-    cli_ok(&server, &["snapshot", "create", "vol@s"]);
+    server.cli_ok(&["snapshot", "create", "vol@s"]);
     write(&server, 0x22);
     crash_server_at(&mut server, point, &["snapshot", "delete", "vol@s"]);
     assert!(
@@ -160,9 +130,9 @@ fn a_snapshot_delete_killed_after_its_write_is_done_and_space_comes_back() {
         &expect(0x22),
         "the volume after the crash",
     );
-    cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
+    server.cli_ok(&["volume", "gc", "vol", "--wait"]);
     let info: serde_json::Value =
-        serde_json::from_str(&cli_ok(&server, &["volume", "info", "vol", "--json"])).unwrap();
+        serde_json::from_str(&server.cli_ok(&["volume", "info", "vol", "--json"])).unwrap();
     let stored = info["stored_bytes"].as_u64().unwrap();
     let live = DATA_MIB * MIB;
     assert!(
@@ -185,10 +155,10 @@ fn a_snapshot_delete_killed_after_marking_is_finished_by_the_next() {
     let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
     let mut server = Server::start(tmp.path(), crashing, &[("vol", VOL)]);
     write(&server, 0x11);
-    cli_ok(&server, &["snapshot", "create", "vol@s"]);
+    server.cli_ok(&["snapshot", "create", "vol@s"]);
     crash_server_at(&mut server, point, &["snapshot", "delete", "vol@s"]);
     assert_eq!(snapshots(&server), vec!["s".to_string()], "{point}");
-    let listed = cli_ok(&server, &["snapshot", "list", "vol"]);
+    let listed = server.cli_ok(&["snapshot", "list", "vol"]);
     assert!(listed.contains("(being deleted)"), "{listed}");
     qemu_io_verify(
         &server.uri("vol@s"),
@@ -201,7 +171,7 @@ fn a_snapshot_delete_killed_after_marking_is_finished_by_the_next() {
         "{}",
         stderr_str(&out)
     );
-    cli_ok(&server, &["snapshot", "delete", "vol@s"]);
+    server.cli_ok(&["snapshot", "delete", "vol@s"]);
     assert!(snapshots(&server).is_empty());
     qemu_io_verify(&server.vol_uri(), &expect(0x11), "the volume");
     server.stop();
@@ -221,7 +191,7 @@ fn a_rollback_killed_before_and_after_its_write_happened_or_not() {
         let dir = tmp.path().join(point.replace('.', "-"));
         let mut server = Server::start(&dir, Target::strata_with(&ARGS), &[("vol", VOL)]);
         write(&server, 0x11);
-        cli_ok(&server, &["snapshot", "create", "vol@s"]);
+        server.cli_ok(&["snapshot", "create", "vol@s"]);
         write(&server, 0x22);
         server.stop();
         server.target = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
@@ -232,7 +202,7 @@ fn a_rollback_killed_before_and_after_its_write_happened_or_not() {
             stderr_str(&out)
         );
         server.target = Target::strata_with(&ARGS);
-        let info = cli_ok(&server, &["volume", "info", "vol"]);
+        let info = server.cli_ok(&["volume", "info", "vol"]);
         assert_eq!(info.contains("rollback:"), done, "{point}:\n{info}");
         server.start_again();
         let now = if done { 0x11 } else { 0x22 };
@@ -248,7 +218,7 @@ fn a_rollback_killed_before_and_after_its_write_happened_or_not() {
         );
         server.stop();
         if !done {
-            cli_ok(&server, &["snapshot", "rollback", "vol@s"]);
+            server.cli_ok(&["snapshot", "rollback", "vol@s"]);
             server.start_again();
             qemu_io_verify(
                 &server.vol_uri(),

@@ -15,22 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::clients::fsck_clean;
 use common::*;
 
 const VOL: u64 = 256 * MIB;
 
 type Files = BTreeMap<PathBuf, Vec<u8>>;
-
-fn cli_ok(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed:\n{}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-    stdout_str(&out)
-}
 
 /// A filesystem on `uri` (or on an image file), mounted at `dir/mnt`.
 struct Fs {
@@ -75,19 +65,6 @@ impl Fs {
             f.unmount();
         }
     }
-}
-
-fn fsck_clean(dev: &str) {
-    let out = run_timeout(
-        Command::new("fsck.ext4").arg("-fn").arg(dev),
-        Duration::from_secs(300),
-    );
-    assert!(
-        out.status.success(),
-        "fsck.ext4 -fn {dev} not clean:\n{}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
 }
 
 fn write_files(root: &Path, files: &Files) {
@@ -168,7 +145,7 @@ fn ext4_snapshot_clone_and_rollback() {
     let fs = Fs::on_export(&work, &server.vol_uri());
     write_files(&fs.root(), &old);
     fs.close();
-    cli_ok(&server, &["snapshot", "create", "vol@before"]);
+    server.cli_ok(&["snapshot", "create", "vol@before"]);
 
     // Changed and deleted after the snapshot.
     let mut new = old.clone();
@@ -200,7 +177,7 @@ fn ext4_snapshot_clone_and_rollback() {
     fs.close();
 
     // A clone of it: a writable ext4 of its own.
-    cli_ok(&server, &["volume", "clone", "vol@before", "c1"]);
+    server.cli_ok(&["volume", "clone", "vol@before", "c1"]);
     let fs = Fs::on_export(&work, &server.uri("c1"));
     assert_files(&fs.root(), &old, "the clone");
     let mine = files(3, 10);
@@ -213,7 +190,7 @@ fn ext4_snapshot_clone_and_rollback() {
 
     // Rollback (not served meanwhile): the old files again.
     server.stop();
-    cli_ok(&server, &["snapshot", "rollback", "vol@before"]);
+    server.cli_ok(&["snapshot", "rollback", "vol@before"]);
     server.start_again();
     let fs = Fs::on_export(&work, &server.vol_uri());
     assert_files(&fs.root(), &old, "the volume after rollback");

@@ -38,20 +38,9 @@ fn expect(pattern: u8) -> Vec<String> {
     ]
 }
 
-fn cli_ok(server: &Server, args: &[&str]) -> String {
-    let out = server.cli(args);
-    assert!(
-        out.status.success(),
-        "strata {args:?} failed:\n{}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-    stdout_str(&out)
-}
-
 /// `volume info --json` of `vol`.
 fn info(server: &Server) -> serde_json::Value {
-    serde_json::from_str(&cli_ok(server, &["volume", "info", "vol", "--json"])).unwrap()
+    serde_json::from_str(&server.cli_ok(&["volume", "info", "vol", "--json"])).unwrap()
 }
 
 fn stored_bytes(server: &Server) -> u64 {
@@ -66,7 +55,7 @@ fn snapshot_keeps_data_through_overwrites_gc_restarts_and_deletion(target: Targe
     let out = qemu_io(&server.vol_uri(), &fill(0x11));
     assert!(out.status.success(), "{}", stderr_str(&out));
     // Taken by the serving server, with every acknowledged write in it.
-    let said = cli_ok(&server, &["snapshot", "create", "vol@before"]);
+    let said = server.cli_ok(&["snapshot", "create", "vol@before"]);
     assert!(said.contains("vol@before"), "{said}");
     let out = qemu_io(&server.vol_uri(), &fill(0x22));
     assert!(out.status.success(), "{}", stderr_str(&out));
@@ -86,7 +75,7 @@ fn snapshot_keeps_data_through_overwrites_gc_restarts_and_deletion(target: Targe
     assert!(listed.contains("export=\"vol@before\""), "{listed}");
 
     // GC runs (and is asked for a full pass): the snapshot's segments stay.
-    cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
+    server.cli_ok(&["volume", "gc", "vol", "--wait"]);
     qemu_io_verify(&snap, &expect(0x11), "the snapshot after a GC pass");
     let both = stored_bytes(&server);
     assert!(
@@ -116,12 +105,12 @@ fn snapshot_keeps_data_through_overwrites_gc_restarts_and_deletion(target: Targe
         );
     }
 
-    let list = cli_ok(&server, &["snapshot", "list", "vol"]);
+    let list = server.cli_ok(&["snapshot", "list", "vol"]);
     assert!(list.contains("before"), "{list}");
-    cli_ok(&server, &["snapshot", "delete", "vol@before"]);
+    server.cli_ok(&["snapshot", "delete", "vol@before"]);
     let gone = qemu_io(&snap, &["read 0 4k".to_string()]);
     assert!(!gone.status.success(), "a deleted snapshot is still served");
-    cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
+    server.cli_ok(&["volume", "gc", "vol", "--wait"]);
     // The background collector may hold the pass; give it a few.
     let live = DATA_MIB * MIB;
     let mut left = stored_bytes(&server);
@@ -130,7 +119,7 @@ fn snapshot_keeps_data_through_overwrites_gc_restarts_and_deletion(target: Targe
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(300));
-        cli_ok(&server, &["volume", "gc", "vol", "--wait"]);
+        server.cli_ok(&["volume", "gc", "vol", "--wait"]);
         left = stored_bytes(&server);
     }
     eprintln!("stored: {both} bytes with the snapshot, {left} after deleting it ({live} live)");
@@ -165,7 +154,7 @@ fn rollback_restores_the_snapshot_and_is_refused_while_served() {
     let mut server = Server::start(tmp.path(), Target::strata_with(&ARGS), &[("vol", VOL)]);
     let out = qemu_io(&server.vol_uri(), &fill(0x11));
     assert!(out.status.success(), "{}", stderr_str(&out));
-    cli_ok(&server, &["snapshot", "create", "vol@one"]);
+    server.cli_ok(&["snapshot", "create", "vol@one"]);
     let out = qemu_io(
         &server.vol_uri(),
         &[
@@ -182,9 +171,9 @@ fn rollback_restores_the_snapshot_and_is_refused_while_served() {
         stderr_str(&refused)
     );
     server.stop();
-    let said = cli_ok(&server, &["snapshot", "rollback", "vol@one"]);
+    let said = server.cli_ok(&["snapshot", "rollback", "vol@one"]);
     assert!(said.contains("rolled vol back to snapshot one"), "{said}");
-    let shown = cli_ok(&server, &["volume", "info", "vol"]);
+    let shown = server.cli_ok(&["volume", "info", "vol"]);
     assert!(shown.contains("rollback:    to snapshot one"), "{shown}");
     server.start_again();
     qemu_io_verify(
@@ -222,7 +211,7 @@ fn snapshot_commands_say_what_is_wrong() {
     let _serial = serial();
     let tmp = tempfile::TempDir::new().unwrap();
     let mut server = Server::start(tmp.path(), Target::strata_with(&ARGS), &[("vol", VOL)]);
-    cli_ok(&server, &["snapshot", "create", "vol@a"]);
+    server.cli_ok(&["snapshot", "create", "vol@a"]);
     server.stop();
     let cases: [(&[&str], &str); 6] = [
         (

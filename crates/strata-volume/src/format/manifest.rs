@@ -89,32 +89,10 @@ pub struct SnapshotRecord {
     pub deleting: bool,
 }
 
-/// Longest snapshot name accepted, in bytes.
-pub const MAX_SNAPSHOT_NAME_BYTES: usize = 64;
-
 /// Checks a snapshot name: 1..=64 bytes of `[A-Za-z0-9._-]`, not starting
 /// with `.` or `-` (so `VOL@NAME` is a safe NBD export name).
 pub fn validate_snapshot_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_SNAPSHOT_NAME_BYTES {
-        return Err(format!(
-            "snapshot name must be 1 to {MAX_SNAPSHOT_NAME_BYTES} bytes long (got {})",
-            name.len()
-        ));
-    }
-    if name.starts_with('.') || name.starts_with('-') {
-        return Err(format!(
-            "snapshot name {name:?} must not start with '.' or '-'"
-        ));
-    }
-    let ok = name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if !ok {
-        return Err(format!(
-            "snapshot name {name:?} may only contain letters, digits, '.', '_' and '-'"
-        ));
-    }
-    Ok(())
+    strata_store::validate_name("snapshot", name)
 }
 
 /// What the last rollback did.

@@ -643,7 +643,8 @@ fn check_files(root: &Path, files: &BTreeMap<PathBuf, Vec<u8>>) {
     );
 }
 
-fn fsck_clean(dev: &str) {
+/// `fsck.ext4 -fn` of `dev` is clean.
+pub fn fsck_clean(dev: &str) {
     let out = run_timeout(
         Command::new("fsck.ext4").arg("-fn").arg(dev),
         Duration::from_secs(300),

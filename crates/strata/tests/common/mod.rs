@@ -603,6 +603,47 @@ impl Server {
         run_timeout(&mut c, Duration::from_secs(60))
     }
 
+    /// [`Server::cli`], which must succeed; its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed:\n{}{}",
+            stdout_str(&out),
+            stderr_str(&out)
+        );
+        stdout_str(&out)
+    }
+
+    /// Runs the CLI `args` against this server, which runs with
+    /// `STRATA_CRASH_AT=point`: the command fails and the server aborts
+    /// there (its stderr says so). The server is left stopped.
+    pub fn expect_crash(&mut self, point: &str, args: &[&str]) {
+        let out = self.cli(args);
+        assert!(
+            !out.status.success(),
+            "{point}: {args:?} did not fail: {}",
+            stdout_str(&out)
+        );
+        let status = self.wait_exit(Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{point}: server did not abort: {status:?}"
+        );
+        assert!(
+            self.stderr().contains(&format!("STRATA_CRASH_AT={point}")),
+            "{point}: aborted elsewhere:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// [`Server::cli`], which must fail; its stderr.
+    pub fn cli_err(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(!out.status.success(), "strata {args:?} succeeded");
+        stderr_str(&out)
+    }
+
     fn store_arg(&self) -> std::ffi::OsString {
         match self.target.s3() {
             Some(s3) => s3.url().into(),
