@@ -51,6 +51,15 @@ pub struct Store {
     layered: Arc<Layered>,
     /// The retry layer's policy (for listings, which it cannot replay).
     retry: RetryPolicy,
+    /// For an S3 store: the bucket root and what opening a sibling needs.
+    bucket: Option<Arc<Bucket>>,
+}
+
+/// What an S3 store keeps to open the same bucket under another prefix.
+struct Bucket {
+    root: Arc<dyn ObjectStore>,
+    config: S3Config,
+    layers: LayerConfig,
 }
 
 /// What a store's layers counted.
@@ -115,13 +124,57 @@ impl Store {
         let config = S3Config::parse(spec, env)?;
         let counts = Arc::new(HttpVersionCounts::default());
         let (bucket_root, _http2) = config.connect(counts.clone()).await?;
-        let inner: Arc<dyn ObjectStore> = if config.prefix.is_empty() {
-            bucket_root
-        } else {
-            Arc::new(PrefixStore::new(bucket_root, config.prefix.as_str()))
-        };
-        let mut store = Store::from_object_store(inner, config.describe(), layers);
+        let bucket = Arc::new(Bucket {
+            root: bucket_root,
+            config,
+            layers: layers.clone(),
+        });
+        let mut store = Store::in_bucket(&bucket);
         store.http_versions = Some(counts);
+        Ok(store)
+    }
+
+    /// The store of `bucket` under its configured prefix.
+    fn in_bucket(bucket: &Arc<Bucket>) -> Store {
+        let prefix = bucket.config.prefix.as_str();
+        let inner: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            bucket.root.clone()
+        } else {
+            Arc::new(PrefixStore::new(bucket.root.clone(), prefix))
+        };
+        let mut store = Store::from_object_store(inner, bucket.config.describe(), &bucket.layers);
+        store.bucket = Some(bucket.clone());
+        store
+    }
+
+    /// The prefix of an S3 store inside its bucket (`""`: the bucket's
+    /// root); `None` for other stores.
+    pub fn bucket_prefix(&self) -> Option<&str> {
+        self.bucket.as_ref().map(|b| b.config.prefix.as_str())
+    }
+
+    /// The same bucket under `prefix` (an S3 store only): where a clone's
+    /// parent lives when it is under another prefix.
+    pub fn sibling(&self, prefix: &str) -> Result<Store, String> {
+        let Some(bucket) = &self.bucket else {
+            return Err(format!(
+                "{} is not an S3 store: only S3 volumes can have a parent under another prefix",
+                self.description
+            ));
+        };
+        let prefix = prefix.trim_matches('/');
+        if prefix == bucket.config.prefix {
+            return Ok(self.clone());
+        }
+        let mut config = bucket.config.clone();
+        config.prefix = prefix.to_string();
+        let other = Arc::new(Bucket {
+            root: bucket.root.clone(),
+            config,
+            layers: bucket.layers.clone(),
+        });
+        let mut store = Store::in_bucket(&other);
+        store.http_versions = self.http_versions.clone();
         Ok(store)
     }
 
@@ -162,6 +215,7 @@ impl Store {
             local_reader: None,
             http_versions: None,
             layered: Arc::new(layered),
+            bucket: None,
         }
     }
 

@@ -65,7 +65,7 @@ async fn a_snapshot_and_a_clone_cost_the_same_store_requests_on_1_gib_and_100_gi
         vol.create_snapshot("s").await.unwrap();
         let cost = requests(&store) - before;
         let before = requests(&store);
-        engine.create_clone("v", "s", "c").await.unwrap();
+        engine.create_clone(None, "v", "s", "c").await.unwrap();
         let clone_cost = requests(&store) - before;
         let view = engine.open_snapshot("v", "s").await.unwrap();
         let mut buf = vec![0u8; 64 << 10];
@@ -195,7 +195,7 @@ async fn a_clone_made_while_its_snapshot_is_deleted_never_outlives_it() {
             tokio::time::sleep(stagger).await;
             vol.delete_snapshot(&snap).await
         };
-        let (made, deleted) = tokio::join!(engine.create_clone("p", &snap, &clone), delete);
+        let (made, deleted) = tokio::join!(engine.create_clone(None, "p", &snap, &clone), delete);
         let listed = engine.list_snapshots("p").await.unwrap();
         let snapshot_left = listed.iter().any(|s| s.name == snap);
         match (made, deleted) {

@@ -166,6 +166,11 @@ pub enum VolumeCommand {
         source: String,
         /// The new volume's name.
         name: String,
+        /// The parent's prefix in the same S3 bucket, when it lives under
+        /// another prefix than --store's (e.g. `images` for
+        /// s3://bucket/images/PARENT).
+        #[arg(long, value_name = "PREFIX")]
+        parent_prefix: Option<String>,
     },
     /// Reclaim space now: rewrite partly-dead segments and delete what
     /// nothing references. Asks the server on this host that serves the

@@ -280,9 +280,14 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
         | VolumeCommand::ImportDiff { .. }
         | VolumeCommand::Export { .. }
         | VolumeCommand::Import { .. } => snapshot_cmd::data_command(engine, cmd).await?,
-        VolumeCommand::Clone { source, name } => {
+        VolumeCommand::Clone {
+            source,
+            name,
+            parent_prefix,
+        } => {
             let (parent, snapshot) = snapshot_cmd::split_target(source)?;
-            let m = engine.create_clone(parent, snapshot, name).await?;
+            let prefix = parent_prefix.as_deref();
+            let m = engine.create_clone(prefix, parent, snapshot, name).await?;
             println!(
                 "created volume {name} ({}), a clone of {parent}@{snapshot}",
                 format_size(m.size_bytes)

@@ -275,3 +275,61 @@ fn a_clone_rolls_back_to_its_own_snapshot() {
     verify(&server, "c", &reads, "after the clone's rollback");
     server.stop();
 }
+
+/// A clone under another prefix of the same bucket: the image under
+/// `images/`, its clone under `vms/` served by another server. The clone
+/// reads the image's data and writes its own; the image's snapshot cannot
+/// be deleted while the clone lives (the image's CLI names it); deleting
+/// the clone frees the snapshot.
+#[test]
+fn a_clone_lives_under_another_prefix_of_the_bucket() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let images = S3Store::on_shared_minio("images");
+    let vms = S3Store {
+        prefix: "vms".into(),
+        ..images.clone()
+    };
+    let mut image_server = Server::start(
+        &tmp.path().join("images"),
+        Target::strata_s3(&images, &ARGS),
+        &[("base", VOL)],
+    );
+    write(&image_server, "base", &["write -P 0x11 0 8M"]);
+    image_server.cli_ok(&["snapshot", "create", "base@gold"]);
+    let mut vm_server = Server::start(&tmp.path().join("vms"), Target::strata_s3(&vms, &ARGS), &[]);
+    let said = vm_server.cli_ok(&[
+        "volume",
+        "clone",
+        "base@gold",
+        "vm1",
+        "--parent-prefix",
+        "images",
+    ]);
+    assert!(said.contains("a clone of base@gold"), "{said}");
+    write(&vm_server, "vm1", &["write -P 0x22 1M 1M"]);
+    let reads = [
+        "read -P 0x11 0 1M",
+        "read -P 0x22 1M 1M",
+        "read -P 0x11 2M 6M",
+    ];
+    verify(&vm_server, "vm1", &reads, "a clone under another prefix");
+    // The image moves on and collects garbage; the clone keeps its data.
+    write(&image_server, "base", &["write -P 0x33 0 8M"]);
+    image_server.cli_ok(&["volume", "gc", "base", "--wait"]);
+    vm_server.kill9();
+    vm_server.start_again();
+    verify(
+        &vm_server,
+        "vm1",
+        &reads,
+        "after the image was overwritten, collected, and kill -9",
+    );
+    let err = image_server.cli_err(&["snapshot", "delete", "base@gold"]);
+    assert!(err.contains("has clones: vm1"), "{err}");
+    vm_server.stop();
+    vm_server.cli_ok(&["volume", "delete", "vm1"]);
+    image_server.cli_ok(&["snapshot", "delete", "base@gold"]);
+    image_server.stop();
+}

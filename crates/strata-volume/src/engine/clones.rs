@@ -20,14 +20,16 @@ use crate::crash_point::crash_point;
 use crate::error::VolumeError;
 use crate::format::clone_marker::CloneMarker;
 use crate::format::manifest::{validate_snapshot_name, Manifest, ParentRecord, SnapshotRecord};
-use crate::objects::{read_manifest, store_error};
+use crate::objects::{read_manifest, store_error, store_for_prefix};
 use crate::snapshot::{resolve_lineage, MAX_CLONE_DEPTH};
 
 impl Engine {
     /// Makes volume `name`, a writable clone of snapshot `parent@snapshot`,
-    /// in constant time.
+    /// in constant time. `parent_prefix`: the parent's prefix in this
+    /// store's bucket, when it is under another one (S3).
     pub async fn create_clone(
         &self,
+        parent_prefix: Option<&str>,
         parent: &str,
         snapshot: &str,
         name: &str,
@@ -35,13 +37,14 @@ impl Engine {
         validate_volume_name(parent).map_err(VolumeError::Invalid)?;
         validate_snapshot_name(snapshot).map_err(VolumeError::Invalid)?;
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
-        let pm = read_manifest(&self.store, parent).await?;
+        let own_prefix = self.store.bucket_prefix().map(str::to_string);
+        let parent_prefix = parent_prefix
+            .map(|p| p.trim_matches('/').to_string())
+            .filter(|p| Some(p) != own_prefix.as_ref());
+        let pstore = store_for_prefix(&self.store, parent_prefix.as_deref())?;
+        let pm = read_manifest(&pstore, parent).await?;
         let record = clonable(&pm, snapshot)?;
-        let depth = resolve_lineage(&self.store, &pm, false)
-            .await?
-            .lineage
-            .depth()
-            + 1;
+        let depth = resolve_lineage(&pstore, &pm, false).await?.lineage.depth() + 1;
         if depth > MAX_CLONE_DEPTH {
             return Err(VolumeError::Invalid(format!(
                 "{parent}@{snapshot} is a snapshot of a clone {} levels deep; clones may nest {MAX_CLONE_DEPTH} deep (`strata volume flatten {parent}` first)",
@@ -58,6 +61,7 @@ impl Engine {
             uuid: pm.uuid.clone(),
             snapshot: snapshot.to_string(),
             checkpoint_seq: record.checkpoint_seq,
+            prefix: parent_prefix.clone(),
         };
         let manifest = new_manifest(name, record.size_bytes, Some(parent_record));
         let marker_path = ObjectNames::new(parent).clone_marker(snapshot, name);
@@ -65,8 +69,10 @@ impl Engine {
             clone: name.to_string(),
             clone_uuid: manifest.uuid.clone(),
             created_unix_ms: now_ms(),
+            // Where a deletion of the snapshot finds the clone.
+            clone_prefix: parent_prefix.as_ref().and(own_prefix.clone()),
         };
-        let put = self.store.put_opts(
+        let put = pstore.put_opts(
             &marker_path,
             bytes::Bytes::from(marker.encode()).into(),
             object_store::PutMode::Create.into(),
@@ -76,15 +82,15 @@ impl Engine {
             Err(object_store::Error::AlreadyExists { .. }) => {
                 return Err(VolumeError::AlreadyExists(name.to_string()))
             }
-            Err(e) => return Err(store_error(&self.store, "create", &marker_path)(e)),
+            Err(e) => return Err(store_error(&pstore, "create", &marker_path)(e)),
         }
         crash_point("clone.after_marker");
         if let Err(e) = self.create_manifest(&manifest).await {
-            self.drop_marker(&marker_path).await;
+            drop_marker(&pstore, &marker_path).await;
             return Err(e);
         }
         crash_point("clone.after_manifest");
-        let still = read_manifest(&self.store, parent).await;
+        let still = read_manifest(&pstore, parent).await;
         let check = still.and_then(|pm| {
             let now = clonable(&pm, snapshot)?;
             if now.checkpoint_seq != record.checkpoint_seq
@@ -99,19 +105,20 @@ impl Engine {
         if let Err(e) = check {
             let path = ObjectNames::new(name).manifest();
             let _ = self.store.delete(&path).await;
-            self.drop_marker(&marker_path).await;
+            drop_marker(&pstore, &marker_path).await;
             return Err(e);
         }
         tracing::info!(clone = name, parent, snapshot, "clone made");
         Ok(manifest)
     }
+}
 
-    async fn drop_marker(&self, path: &object_store::path::Path) {
-        match self.store.delete(path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => {
-                tracing::warn!(marker = %path, error = %e, "cannot delete a clone marker; a later snapshot deletion removes it")
-            }
+/// Deletes a clone marker (a missing one counts as deleted).
+async fn drop_marker(store: &strata_store::Store, path: &object_store::path::Path) {
+    match store.delete(path).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => {
+            tracing::warn!(marker = %path, error = %e, "cannot delete a clone marker; a later snapshot deletion removes it")
         }
     }
 }

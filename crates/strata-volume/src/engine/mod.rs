@@ -28,6 +28,7 @@ use crate::format::manifest::{
 use crate::gc::GcPassReport;
 use crate::objects::{
     list_clone_markers, list_segments, read_checkpoint, read_manifest, store_error,
+    store_for_prefix,
 };
 use crate::ownership::{read_lease, take_ownership};
 use crate::read::{ReadPathStats, SharedCaches};
@@ -388,7 +389,8 @@ impl Engine {
         if let Some(parent) = &manifest.parent {
             // No longer a clone of anything: the parent snapshot may go.
             let marker = ObjectNames::new(&parent.volume).clone_marker(&parent.snapshot, name);
-            match self.store.delete(&marker).await {
+            let pstore = store_for_prefix(&self.store, parent.prefix.as_deref())?;
+            match pstore.delete(&marker).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => {
                     tracing::warn!(marker = %marker, error = %e, "cannot delete this clone's marker under its parent; deleting the parent's snapshot removes it")

@@ -95,7 +95,6 @@ impl Engine {
             map,
             self.caches.clone(),
             reader,
-            self.store.clone(),
             lineage,
         ));
         let mut views = self.snapshot_views.lock();

@@ -22,6 +22,9 @@ pub struct CloneMarker {
     /// under the same name is another clone.
     pub clone_uuid: String,
     pub created_unix_ms: u64,
+    /// The clone's prefix in the same bucket, when it is not the parent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_prefix: Option<String>,
 }
 
 impl CloneMarker {
@@ -47,6 +50,7 @@ mod tests {
             clone: "vm7".into(),
             clone_uuid: "0123456789abcdef0123456789abcdef".into(),
             created_unix_ms: 9,
+            clone_prefix: Some("elsewhere".into()),
         };
         let b = m.encode();
         assert_eq!(CloneMarker::decode(&b).unwrap(), m);

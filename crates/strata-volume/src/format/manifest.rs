@@ -71,6 +71,10 @@ pub struct ParentRecord {
     pub snapshot: String,
     /// The snapshot's checkpoint: the clone's own segments come after it.
     pub checkpoint_seq: u64,
+    /// The parent's prefix in the same bucket, when it is not the clone's
+    /// (S3 stores; `None`: the same store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
 }
 
 /// A snapshot: a name for a checkpoint.

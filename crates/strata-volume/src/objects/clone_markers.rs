@@ -5,6 +5,7 @@ use object_store::path::Path;
 use strata_store::Store;
 
 use super::manifests::read_manifest;
+use super::other_prefix::store_for_prefix;
 use super::store_error::store_error;
 use crate::error::VolumeError;
 use crate::format::clone_marker::CloneMarker;
@@ -41,7 +42,8 @@ pub(crate) async fn list_clone_markers(
             path: o.location.to_string(),
             detail,
         })?;
-        let live = match read_manifest(store, &marker.clone).await {
+        let clone_store = store_for_prefix(store, marker.clone_prefix.as_deref())?;
+        let live = match read_manifest(&clone_store, &marker.clone).await {
             // A flattened clone keeps its name and uuid but no parent.
             Ok(m) => m.uuid == marker.clone_uuid && m.parent.is_some(),
             Err(VolumeError::NotFound(_)) => false,

@@ -12,11 +12,13 @@
 mod checkpoints;
 mod clone_markers;
 mod manifests;
+mod other_prefix;
 mod segments;
 mod store_error;
 
 pub(crate) use checkpoints::{read_checkpoint, read_snapshot_map};
 pub(crate) use clone_markers::list_clone_markers;
 pub(crate) use manifests::{read_manifest, read_manifest_versioned};
+pub(crate) use other_prefix::store_for_prefix;
 pub(crate) use segments::{fetch_segment_header, list_segments};
 pub(crate) use store_error::store_error;

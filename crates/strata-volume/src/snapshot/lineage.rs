@@ -16,7 +16,7 @@ use strata_store::{ObjectNames, Store};
 use crate::error::VolumeError;
 use crate::format::manifest::{Manifest, SnapshotRecord};
 use crate::map::ExtentMap;
-use crate::objects::{read_manifest, read_snapshot_map};
+use crate::objects::{read_manifest, read_snapshot_map, store_for_prefix};
 use crate::read::{SharedCaches, StoredPiece, VolumeReader};
 
 /// Clones of clones may nest this deep.
@@ -27,6 +27,8 @@ pub const MAX_CLONE_DEPTH: usize = 16;
 pub(crate) struct Ancestor {
     pub name: String,
     pub uuid: [u8; 16],
+    /// Where it lives (another prefix of the bucket, or the same store).
+    pub store: Store,
     /// The highest segment number of this volume the clone reads (the
     /// snapshot's checkpoint); the next lower ancestor owns those at or
     /// below its own bound.
@@ -61,7 +63,6 @@ impl Lineage {
     pub async fn read_pieces(
         &self,
         caches: &Arc<SharedCaches>,
-        store: &Store,
         own: &Arc<VolumeReader>,
         pieces: Vec<StoredPiece<'_>>,
     ) -> Result<(), VolumeError> {
@@ -85,7 +86,7 @@ impl Lineage {
             .filter(|(_, g)| !g.is_empty())
             .map(|(i, g)| {
                 let reader = match self.ancestors.get(i) {
-                    Some(a) => caches.reader(&a.name, a.uuid, store),
+                    Some(a) => caches.reader(&a.name, a.uuid, &a.store),
                     None => own.clone(),
                 };
                 async move { reader.read_pieces(caches, g).await }
@@ -108,14 +109,16 @@ pub(crate) async fn resolve_lineage(
     let mut ancestors = Vec::new();
     let mut base_map = None;
     let mut child = m.clone();
+    let mut child_store = store.clone();
     while let Some(parent) = child.parent.clone() {
+        let pstore = store_for_prefix(&child_store, parent.prefix.as_deref())?;
         if ancestors.len() >= MAX_CLONE_DEPTH {
             return Err(VolumeError::Invalid(format!(
                 "volume {:?} is a clone more than {MAX_CLONE_DEPTH} levels deep",
                 m.name
             )));
         }
-        let pm = read_manifest(store, &parent.volume)
+        let pm = read_manifest(&pstore, &parent.volume)
             .await
             .map_err(|e| match e {
                 VolumeError::NotFound(_) => VolumeError::Invalid(format!(
@@ -128,15 +131,17 @@ pub(crate) async fn resolve_lineage(
         let uuid = pm.uuid_bytes().map_err(VolumeError::Invalid)?;
         if for_open && ancestors.is_empty() && m.checkpoint_seq.is_none() {
             let names = ObjectNames::new(&pm.name);
-            let map = read_snapshot_map(store, &names, &pm.name, uuid, &record).await?;
+            let map = read_snapshot_map(&pstore, &names, &pm.name, uuid, &record).await?;
             base_map = Some((map, record.checkpoint_seq));
         }
         ancestors.push(Ancestor {
             name: pm.name.clone(),
             uuid,
+            store: pstore.clone(),
             bound_seq: record.checkpoint_seq,
         });
         child = pm;
+        child_store = pstore;
     }
     ancestors.reverse();
     Ok(Inherited {

@@ -11,8 +11,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use strata_store::Store;
-
 use super::lineage::Lineage;
 use crate::error::VolumeError;
 use crate::format::manifest::SnapshotRecord;
@@ -27,7 +25,6 @@ pub struct SnapshotView {
     map: ExtentMap,
     caches: Arc<SharedCaches>,
     reader: Arc<VolumeReader>,
-    store: Store,
     /// A snapshot of a clone reads its ancestors' segments too.
     lineage: Lineage,
 }
@@ -45,7 +42,6 @@ impl SnapshotView {
         map: ExtentMap,
         caches: Arc<SharedCaches>,
         reader: Arc<VolumeReader>,
-        store: Store,
         lineage: Lineage,
     ) -> SnapshotView {
         SnapshotView {
@@ -54,7 +50,6 @@ impl SnapshotView {
             map,
             caches,
             reader,
-            store,
             lineage,
         }
     }
@@ -110,7 +105,7 @@ impl SnapshotView {
         }
         let pieces = stored_pieces_in(buf, stored.into_iter());
         self.lineage
-            .read_pieces(&self.caches, &self.store, &self.reader, pieces)
+            .read_pieces(&self.caches, &self.reader, pieces)
             .await
     }
 

@@ -19,9 +19,10 @@ use strata_store::ObjectNames;
 use super::Volume;
 use crate::crash_point::crash_point;
 use crate::error::VolumeError;
-use crate::format::manifest::Manifest;
+use crate::format::manifest::{Manifest, ParentRecord};
 use crate::gc::{repoint_read, rewrite_cost_bytes, ReadPiece};
 use crate::map::Target;
+use crate::objects::store_for_prefix;
 use crate::read::stored_pieces_in;
 
 /// Bytes of the volume copied per step.
@@ -50,10 +51,7 @@ impl Volume {
                 copied += self.flatten_window(start, base).await?;
             }
             if self.inherited_bytes(base) == 0 {
-                return self
-                    .drop_parent(&parent.volume, &parent.snapshot)
-                    .await
-                    .map(|()| copied);
+                return self.drop_parent(&parent).await.map(|()| copied);
             }
         }
         Err(VolumeError::NotDone {
@@ -102,7 +100,7 @@ impl Volume {
         );
         let reader = self.reader();
         self.lineage
-            .read_pieces(&self.caches, &self.store, &reader, stored)
+            .read_pieces(&self.caches, &reader, stored)
             .await?;
         self.wait_for_room(rewrite_cost_bytes(&pieces)).await?;
         let mut st = self.state.lock();
@@ -157,11 +155,7 @@ impl Volume {
 
     /// Names a seal point whose map has nothing inherited, dropping the
     /// parent in the same manifest write; then the marker under the parent.
-    async fn drop_parent(
-        self: &Arc<Self>,
-        parent: &str,
-        snapshot: &str,
-    ) -> Result<(), VolumeError> {
+    async fn drop_parent(self: &Arc<Self>, parent: &ParentRecord) -> Result<(), VolumeError> {
         let job = {
             let mut st = self.state.lock();
             let size = self.size_bytes();
@@ -191,14 +185,15 @@ impl Volume {
             }
         }
         crash_point("flatten.after_manifest");
-        let marker = ObjectNames::new(parent).clone_marker(snapshot, &self.name);
-        match self.store.delete(&marker).await {
+        let marker = ObjectNames::new(&parent.volume).clone_marker(&parent.snapshot, &self.name);
+        let pstore = store_for_prefix(&self.store, parent.prefix.as_deref())?;
+        match pstore.delete(&marker).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => {
                 tracing::warn!(volume = %self.name, marker = %marker, error = %e, "flattened, but the marker under the parent stays; deleting the parent's snapshot removes it")
             }
         }
-        tracing::info!(volume = %self.name, parent, snapshot, "flattened: no longer a clone");
+        tracing::info!(volume = %self.name, parent = %parent.volume, snapshot = %parent.snapshot, "flattened: no longer a clone");
         Ok(())
     }
 }

@@ -113,7 +113,7 @@ impl Volume {
                 .map(|m| (m.buf_offset, m.len as usize, m.seq, m.segment_offset)),
         );
         self.lineage
-            .read_pieces(&self.caches, &self.store, &reader, pieces)
+            .read_pieces(&self.caches, &reader, pieces)
             .await?;
         self.rewrite_fragmented_read(&misses, buf);
         Ok(())
