@@ -125,16 +125,41 @@ pub(crate) fn create_bucket(endpoint: &str, ca: Option<&Path>, bucket: &str) {
     }
 }
 
+/// Attempts of an object request that MinIO answers 503 (SlowDown while a
+/// node of a cluster is down or back, as any S3 client retries it).
+const SLOW_DOWN_ATTEMPTS: u32 = 40;
+const SLOW_DOWN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `request`, retried while the answer is a 503 (at most ~10 s).
+fn request_retrying(
+    endpoint: &str,
+    ca: Option<&Path>,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> Result<Vec<u8>, String> {
+    let mut attempt = 1;
+    loop {
+        match request(endpoint, ca, method, path, body) {
+            Err(e) if e.contains("error: 503") && attempt < SLOW_DOWN_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(SLOW_DOWN_DELAY);
+            }
+            result => return result,
+        }
+    }
+}
+
 /// Stores `data` at `bucket/key`, panicking with MinIO's answer on failure.
 pub(crate) fn put_object(endpoint: &str, ca: Option<&Path>, bucket: &str, key: &str, data: &[u8]) {
-    if let Err(e) = request(endpoint, ca, "PUT", &format!("{bucket}/{key}"), Some(data)) {
+    if let Err(e) = request_retrying(endpoint, ca, "PUT", &format!("{bucket}/{key}"), Some(data)) {
         panic!("putting object {bucket}/{key}: {e}");
     }
 }
 
 /// The bytes at `bucket/key`, panicking with MinIO's answer on failure.
 pub(crate) fn get_object(endpoint: &str, ca: Option<&Path>, bucket: &str, key: &str) -> Vec<u8> {
-    match request(endpoint, ca, "GET", &format!("{bucket}/{key}"), None) {
+    match request_retrying(endpoint, ca, "GET", &format!("{bucket}/{key}"), None) {
         Ok(data) => data,
         Err(e) => panic!("getting object {bucket}/{key}: {e}"),
     }
