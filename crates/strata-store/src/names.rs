@@ -87,6 +87,27 @@ impl ObjectNames {
         Path::from(format!("{}/checkpoints/{seq:016x}", self.volume))
     }
 
+    /// Where the deltas between consecutive snapshots live.
+    pub fn deltas_prefix(&self) -> Path {
+        Path::from(format!("{}/deltas", self.volume))
+    }
+
+    /// The delta from the snapshot at checkpoint `from` to the one at
+    /// checkpoint `to`.
+    pub fn snapshot_delta(&self, to: u64, from: u64) -> Path {
+        Path::from(format!("{}/deltas/{to:016x}-{from:016x}", self.volume))
+    }
+
+    /// `(to, from)` of a delta's object name, if it is one.
+    pub fn parse_delta(location: &Path) -> Option<(u64, u64)> {
+        let (to, from) = location.filename()?.split_once('-')?;
+        if to.len() != 16 || from.len() != 16 {
+            return None;
+        }
+        let to = u64::from_str_radix(to, 16).ok()?;
+        Some((to, u64::from_str_radix(from, 16).ok()?))
+    }
+
     /// Where clones of this volume's snapshots are registered.
     pub fn clone_markers_prefix(&self) -> Path {
         Path::from(format!("{}/clones", self.volume))
@@ -124,6 +145,11 @@ mod tests {
         assert_eq!(ObjectNames::parse_seq(&n.segment(255)), Some(255));
         assert_eq!(ObjectNames::parse_seq(&n.manifest()), None);
         assert!(n.segment(9).as_ref() < n.segment(10).as_ref());
+        let d = n.snapshot_delta(0x20, 7);
+        assert_eq!(d.as_ref(), "vm1/deltas/0000000000000020-0000000000000007");
+        assert_eq!(ObjectNames::parse_delta(&d), Some((0x20, 7)));
+        assert_eq!(ObjectNames::parse_delta(&n.segment(3)), None);
+        assert_eq!(ObjectNames::parse_seq(&d), None);
     }
 
     #[test]

@@ -302,6 +302,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn formats_bound_volumes_as_config_does() {
+        assert_eq!(
+            MAX_VOLUME_BYTES,
+            crate::format::snapshot_delta::MAX_VOLUME_BYTES
+        );
+    }
+
+    #[test]
     fn auto_disk_cache_size_is_a_share_of_free_space_and_stable() {
         #![allow(clippy::unwrap_used)]
         let dir = tempfile::tempdir().unwrap();

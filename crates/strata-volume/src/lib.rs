@@ -52,7 +52,9 @@ pub use engine::diffs::DiffSummary;
 pub use engine::images::{ImageSink, ImageSummary};
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
-pub use format::manifest::{GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord};
+pub use format::manifest::{
+    DeltaRecord, GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord,
+};
 pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
 pub use read::{

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use strata_store::Store;
-use strata_volume::{Engine, SnapshotView, VolumeConfig};
+use strata_volume::{ChangeKind, Engine, SnapshotView, VolumeConfig};
 
 const GIB: u64 = 1 << 30;
 
@@ -228,4 +228,200 @@ async fn a_clone_made_while_its_snapshot_is_deleted_never_outlives_it() {
         "40 races: {clones} clones made, {deletions} snapshots deleted, {neither} both refused"
     );
     vol.close().await.unwrap();
+}
+
+/// Every snapshot but the oldest has a delta leading from the one before.
+async fn assert_chain_whole(engine: &Engine, what: &str) {
+    let list = engine.list_snapshots("v").await.unwrap();
+    for pair in list.windows(2) {
+        let d = pair[1]
+            .delta
+            .unwrap_or_else(|| panic!("{what}: {} has no delta", pair[1].name));
+        assert_eq!(
+            d.from_checkpoint_seq, pair[0].checkpoint_seq,
+            "{what}: delta of {} leads from elsewhere",
+            pair[1].name
+        );
+    }
+}
+
+/// For every pair of snapshots (`all`; else the pairs ending at the
+/// newest): the diff read from the deltas equals the diff of the whole
+/// maps, and applied to the older image gives the newer.
+async fn assert_diffs_exact(engine: &Engine, kept: &[(String, Vec<u8>)], all: bool, what: &str) {
+    for (i, (a, older)) in kept.iter().enumerate() {
+        let later = if all { i + 1 } else { kept.len() - 1 };
+        for (b, newer) in kept.iter().skip(later.max(i + 1)) {
+            let fast = engine.diff_snapshots("v", a, b).await.unwrap();
+            let whole = engine.diff_snapshots_whole("v", a, b).await.unwrap();
+            if fast != whole {
+                let i = fast.iter().zip(&whole).position(|(x, y)| x != y);
+                let i = i.unwrap_or(fast.len().min(whole.len()));
+                panic!(
+                    "{what}: {a} -> {b}: {} changes from the deltas, {} from the maps; first difference {:?} vs {:?}",
+                    fast.len(),
+                    whole.len(),
+                    fast.get(i),
+                    whole.get(i)
+                );
+            }
+            let mut image = older.clone();
+            for c in &fast {
+                let r = c.offset as usize..(c.offset + c.length) as usize;
+                match c.kind {
+                    ChangeKind::Data => image[r.clone()].copy_from_slice(&newer[r]),
+                    ChangeKind::Zero => image[r].fill(0),
+                }
+            }
+            assert!(image == *newer, "{what}: {a} + diff != {b}");
+        }
+    }
+}
+
+/// Diffs read the deltas between consecutive snapshots, and say exactly
+/// what comparing the whole maps says, through everything that moves data
+/// or changes history: random writes, TRIMs and zeroes with GC running, an
+/// explicit pass, a reopen (what changed since the newest snapshot is then
+/// computed from the maps), deleting a middle snapshot (its delta merges
+/// into the next), deleting the newest (it merges into what changed
+/// since), a shrink and grow, a rollback, and deleting the oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn diffs_from_deltas_equal_whole_map_diffs_through_gc_reopen_deletions_resize_and_rollback() {
+    for (backend, store, dir) in backends().await {
+        let mut config = small_config(dir.path());
+        config.gc.grace_ms = 0;
+        let mut engine = Engine::new(store.clone(), config.clone()).unwrap();
+        engine.create_volume("v", VOLUME_BYTES).await.unwrap();
+        let mut vol = engine.open_volume("v").await.unwrap();
+        let mut model = vec![0u8; VOLUME_BYTES as usize];
+        let mut rng = Rng(0xd1ff ^ backend.len() as u64);
+        let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+        for step in 0..9 {
+            for _ in 0..60 {
+                random_op(&vol, &mut model, &mut rng).await;
+            }
+            match step {
+                2 => drop(vol.gc_now(true).await.unwrap()),
+                3 => {
+                    vol.close().await.unwrap();
+                    drop(engine);
+                    engine = Engine::new(store.clone(), config.clone()).unwrap();
+                    vol = engine.open_volume("v").await.unwrap();
+                }
+                4 => {
+                    let (name, _) = kept.remove(1);
+                    vol.delete_snapshot(&name).await.unwrap();
+                }
+                5 => {
+                    let (name, _) = kept.pop().unwrap();
+                    vol.delete_snapshot(&name).await.unwrap();
+                }
+                6 => {
+                    vol.resize(VOLUME_BYTES / 2, true).await.unwrap();
+                    vol.resize(VOLUME_BYTES, false).await.unwrap();
+                    model[(VOLUME_BYTES / 2) as usize..].fill(0);
+                }
+                7 => {
+                    vol.rollback_to_snapshot(&kept[0].0).await.unwrap();
+                    model = kept[0].1.clone();
+                    random_op(&vol, &mut model, &mut rng).await;
+                }
+                _ => {}
+            }
+            let name = format!("s{step}");
+            vol.create_snapshot(&name).await.unwrap();
+            kept.push((name, model.clone()));
+            let what = format!("{backend}, step {step}");
+            assert_chain_whole(&engine, &what).await;
+            assert_diffs_exact(&engine, &kept, step == 4 || step == 5, &what).await;
+        }
+        let (oldest, _) = kept.remove(0);
+        vol.delete_snapshot(&oldest).await.unwrap();
+        assert_chain_whole(&engine, backend).await;
+        assert_diffs_exact(&engine, &kept, true, &format!("{backend}, oldest deleted")).await;
+        vol.gc_now(true).await.unwrap();
+        assert_diffs_exact(&engine, &kept, true, &format!("{backend}, after GC")).await;
+        vol.close().await.unwrap();
+    }
+}
+
+/// GETs and bytes a call reads from the store.
+async fn reads<T>(store: &Store, f: impl std::future::Future<Output = T>) -> (T, u64, u64) {
+    let before = store.stats().layers.requests;
+    let out = f.await;
+    let after = store.stats().layers.requests;
+    let gets = after.get.requests + after.get_range.requests
+        - before.get.requests
+        - before.get_range.requests;
+    let bytes = after.get.bytes_read + after.get_range.bytes_read
+        - before.get.bytes_read
+        - before.get_range.bytes_read;
+    (out, gets, bytes)
+}
+
+/// A diff costs what changed: 4,000 scattered writes make each snapshot's
+/// map thousands of extents, then 8 + 8 blocks change over two snapshots.
+/// The diff reads the manifest and the two deltas, the same on a 1 GiB and
+/// a 100 GiB volume, a few KiB against the whole maps' hundreds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diff_reads_what_changed_not_the_whole_maps() {
+    let mut figures = Vec::new();
+    for size in [GIB, 100 * GIB] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::local(&dir.path().join("store")).unwrap();
+        let mut config = VolumeConfig::new(dir.path().join("data"));
+        config.gc.enabled = false;
+        let engine = Engine::new(store.clone(), config).unwrap();
+        engine.create_volume("v", size).await.unwrap();
+        let vol = engine.open_volume("v").await.unwrap();
+        let block = vec![0x42u8; 4096];
+        for i in 0..4000u64 {
+            vol.write(i * (size / 4000), &block, false).await.unwrap();
+        }
+        vol.create_snapshot("a").await.unwrap();
+        let changed = vec![0x17u8; 4096];
+        for (snap, first) in [("b", 1u64), ("c", 2000)] {
+            for i in first..first + 8 {
+                vol.write(i * (size / 4000) + 8192, &changed, false)
+                    .await
+                    .unwrap();
+            }
+            vol.create_snapshot(snap).await.unwrap();
+        }
+        let (fast, gets, bytes) = reads(&store, engine.diff_snapshots("v", "a", "c")).await;
+        let fast = fast.unwrap();
+        let (whole, _, whole_bytes) =
+            reads(&store, engine.diff_snapshots_whole("v", "a", "c")).await;
+        assert_eq!(fast, whole.unwrap(), "{size}");
+        assert_eq!(fast.len(), 16, "{size}: {fast:?}");
+        assert!(fast
+            .iter()
+            .all(|c| c.length == 4096 && c.kind == ChangeKind::Data));
+        let mut out = Vec::new();
+        let export = engine.export_diff("v", "a", "c", &mut out, &|_, _| {});
+        let (summary, export_gets, _) = reads(&store, export).await;
+        assert_eq!(summary.unwrap().data_bytes, 16 * 4096, "{size}");
+        figures.push((gets, bytes, whole_bytes, export_gets));
+        vol.close().await.unwrap();
+    }
+    eprintln!(
+        "diff a->c (GETs, bytes read, bytes a whole-map diff reads, export GETs): 1 GiB {:?}, 100 GiB {:?}",
+        figures[0], figures[1]
+    );
+    assert_eq!(
+        figures[0].0, figures[1].0,
+        "GETs per diff: 1 GiB vs 100 GiB"
+    );
+    assert_eq!(
+        figures[0].3, figures[1].3,
+        "GETs per export: 1 GiB vs 100 GiB"
+    );
+    for (gets, bytes, whole_bytes, _) in figures {
+        assert_eq!(gets, 3, "a diff reads the manifest and two deltas");
+        assert!(bytes < 16 << 10, "a diff read {bytes} bytes");
+        assert!(
+            whole_bytes > 150_000,
+            "the whole maps are {whole_bytes} bytes"
+        );
+    }
 }

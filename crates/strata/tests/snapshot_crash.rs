@@ -143,6 +143,52 @@ fn a_snapshot_delete_killed_after_its_write_is_done_and_space_comes_back() {
     server.stop();
 }
 
+/// A middle snapshot's deletion killed after its write: the next
+/// snapshot's delta now leads from the one before (the merge was stored
+/// before the write), `volume diff` across the gap says what changed, and
+/// the deltas nothing names are gone after a GC pass.
+#[test]
+fn a_middle_snapshot_delete_killed_after_its_write_keeps_diffs_whole() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let point = "snapshot.after_delete";
+    let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", point);
+    let mut server = Server::start(tmp.path(), crashing, &[("vol", VOL)]);
+    write(&server, 0x11);
+    server.cli_ok(&["snapshot", "create", "vol@s0"]);
+    let out = qemu_io(&server.vol_uri(), &["write -P 0x22 1M 1M".to_string()]);
+    assert!(out.status.success(), "{}", stderr_str(&out));
+    server.cli_ok(&["snapshot", "create", "vol@s1"]);
+    let out = qemu_io(&server.vol_uri(), &["write -P 0x33 5M 1M".to_string()]);
+    assert!(out.status.success(), "{}", stderr_str(&out));
+    server.cli_ok(&["snapshot", "create", "vol@s2"]);
+    crash_server_at(&mut server, point, &["snapshot", "delete", "vol@s1"]);
+    assert_eq!(snapshots(&server), ["s0", "s2"], "{point}");
+    let json = server.cli_ok(&["snapshot", "list", "vol", "--json"]);
+    let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        list[1]["delta"]["from_checkpoint_seq"], list[0]["checkpoint_seq"],
+        "s2's delta leads from s0: {json}"
+    );
+    let diff = server.cli_ok(&["volume", "diff", "vol@s0", "vol@s2", "--json"]);
+    let changes: serde_json::Value = serde_json::from_str(&diff).unwrap();
+    let ranges: Vec<(u64, u64)> = changes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["offset"].as_u64().unwrap(), c["length"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ranges, [(MIB, MIB), (5 * MIB, MIB)], "{diff}");
+    server.cli_ok(&["volume", "gc", "vol", "--wait"]);
+    let deltas: Vec<String> = std::fs::read_dir(server.store_dir().join("vol/deltas"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(deltas.len(), 1, "delta objects left: {deltas:?}");
+    server.stop();
+}
+
 /// A delete killed once the snapshot is marked as being deleted (before
 /// it checks for clones): the snapshot is still there, no clone can be made
 /// of it, and the next delete finishes the job.

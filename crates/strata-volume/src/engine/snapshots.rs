@@ -10,7 +10,8 @@ use strata_store::{validate_volume_name, ObjectNames};
 
 use super::Engine;
 use crate::error::VolumeError;
-use crate::format::manifest::{validate_snapshot_name, RollbackRecord, SnapshotRecord};
+use crate::format::manifest::{validate_snapshot_name, Manifest, RollbackRecord, SnapshotRecord};
+use crate::map::ExtentMap;
 use crate::objects::{read_manifest, read_snapshot_map};
 use crate::snapshot::{resolve_lineage, SnapshotView};
 
@@ -87,19 +88,31 @@ impl Engine {
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(volume);
         let map = read_snapshot_map(&self.store, &names, volume, uuid, &record).await?;
-        let lineage = resolve_lineage(&self.store, &m, false).await?.lineage;
-        let reader = self.caches.reader(volume, uuid, &self.store);
-        let view = Arc::new(SnapshotView::new(
-            volume,
+        let view = self.snapshot_view(&m, record, map).await?;
+        let mut views = self.snapshot_views.lock();
+        views.retain(|_, v| v.strong_count() > 0);
+        views.insert(key, Arc::downgrade(&view));
+        Ok(view)
+    }
+
+    /// A read-only view of snapshot `record` of the volume `m` describes,
+    /// through `map` (the snapshot's, or the part of it a diff reads).
+    pub(crate) async fn snapshot_view(
+        &self,
+        m: &Manifest,
+        record: SnapshotRecord,
+        map: ExtentMap,
+    ) -> Result<Arc<SnapshotView>, VolumeError> {
+        let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
+        let lineage = resolve_lineage(&self.store, m, false).await?.lineage;
+        let reader = self.caches.reader(&m.name, uuid, &self.store);
+        Ok(Arc::new(SnapshotView::new(
+            &m.name,
             record,
             map,
             self.caches.clone(),
             reader,
             lineage,
-        ));
-        let mut views = self.snapshot_views.lock();
-        views.retain(|_, v| v.strong_count() > 0);
-        views.insert(key, Arc::downgrade(&view));
-        Ok(view)
+        )))
     }
 }

@@ -13,6 +13,7 @@ use super::journal::{RecordHeader, Superblock, RECORD_HEADER_BYTES};
 use super::lease::Lease;
 use super::manifest::Manifest;
 use super::segment::{FixedHeader, SegmentIndex, CHUNK_BYTES, FIXED_HEADER_BYTES};
+use super::snapshot_delta;
 
 /// Every decoder on `data`.
 pub fn decode_everything(data: &[u8]) {
@@ -22,6 +23,22 @@ pub fn decode_everything(data: &[u8]) {
     decode_journal(data);
     decode_cache_file(data);
     decode_diff_file(data);
+    decode_snapshot_delta(data);
+}
+
+/// A snapshot delta: what decodes re-encodes to the same pieces, sorted,
+/// within bounds, each a change.
+pub fn decode_snapshot_delta(data: &[u8]) {
+    if let Ok((info, pieces)) = snapshot_delta::decode(data) {
+        assert!(info.from_seq < info.to_seq);
+        let mut end = 0;
+        for p in &pieces {
+            assert!(p.len > 0 && p.start >= end && !p.is_no_change());
+            end = p.end();
+        }
+        let again = snapshot_delta::decode(&snapshot_delta::encode(&info, &pieces));
+        assert_eq!(again.ok(), Some((info, pieces)));
+    }
 }
 
 /// The disk cache file's superblock and directory entries; what decodes
@@ -141,6 +158,11 @@ pub fn decode_with_valid_checksums(data: &[u8]) {
         ));
     }
     decode_journal(&stamped(data, b"STRATJNL", &[(64, 0, 64)]));
+    decode_snapshot_delta(&stamped(
+        data,
+        b"STRATDLT",
+        &[(64, 72, usize::MAX), (68, 0, 68)],
+    ));
     decode_cache_file(&stamped_cache_file(data));
     for magic in [b"STRATMAN", b"STRATLSE"] {
         let mut b = stamped(data, magic, &[]);

@@ -91,6 +91,28 @@ pub struct SnapshotRecord {
     /// clone may be made of it meanwhile. Cleared if clones are found.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    /// What changed since the previous snapshot in the list
+    /// (`format/snapshot_delta.rs`); `None` for the oldest, and where the
+    /// chain was cut (diffs across it compare whole maps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaRecord>,
+}
+
+/// The delta object of a snapshot: `<volume>/deltas/<to>-<from>`, `to`
+/// being the snapshot's checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaRecord {
+    /// The previous snapshot's checkpoint.
+    pub from_checkpoint_seq: u64,
+    /// Object bytes.
+    pub bytes: u64,
+}
+
+impl SnapshotRecord {
+    /// The delta, if it leads from the snapshot at checkpoint `previous`.
+    pub fn delta_from(&self, previous: u64) -> Option<DeltaRecord> {
+        self.delta.filter(|d| d.from_checkpoint_seq == previous)
+    }
 }
 
 /// Checks a snapshot name: 1..=64 bytes of `[A-Za-z0-9._-]`, not starting
@@ -267,6 +289,10 @@ mod tests {
                 created_unix_ms: 3,
                 size_bytes: 1 << 30,
                 deleting: false,
+                delta: Some(DeltaRecord {
+                    from_checkpoint_seq: 2,
+                    bytes: 72,
+                }),
             }],
             last_rollback: None,
             parent: None,

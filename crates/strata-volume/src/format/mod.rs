@@ -20,6 +20,7 @@ pub mod journal;
 pub mod lease;
 pub mod manifest;
 pub mod segment;
+pub mod snapshot_delta;
 
 #[cfg(test)]
 mod random_tests;

@@ -11,6 +11,7 @@ use super::manifest::Manifest;
 use super::segment::{
     encode_header, Entry, EntryKind, FixedHeader, JournalSpan, SegmentIndex, FIXED_HEADER_BYTES,
 };
+use super::snapshot_delta;
 use crate::map::{ExtentMap, Target};
 
 /// A tiny xorshift64* generator: deterministic, no dependencies.
@@ -77,6 +78,30 @@ fn valid_checkpoint() -> Vec<u8> {
     checkpoint::encode(&info, &map)
 }
 
+fn valid_snapshot_delta() -> Vec<u8> {
+    let info = snapshot_delta::DeltaInfo {
+        to_seq: 9,
+        from_seq: 4,
+        volume_uuid: [7; 16],
+        volume_size_bytes: 1 << 30,
+    };
+    let pieces = [
+        snapshot_delta::DeltaPiece {
+            start: 4096,
+            len: 8192,
+            after: Some(Target::Data { seq: 8, offset: 0 }),
+            before: Some((2, 4096)),
+        },
+        snapshot_delta::DeltaPiece {
+            start: 1 << 20,
+            len: 4096,
+            after: None,
+            before: Some((4, 0)),
+        },
+    ];
+    snapshot_delta::encode(&info, &pieces)
+}
+
 fn valid_objects() -> Vec<Vec<u8>> {
     let manifest = Manifest {
         name: "vm1".into(),
@@ -123,6 +148,7 @@ fn valid_objects() -> Vec<Vec<u8>> {
         lease.encode().to_vec(),
         sb.encode(),
         record,
+        valid_snapshot_delta(),
     ]
 }
 
@@ -199,6 +225,18 @@ fn truncated_or_flipped_objects_are_rejected() {
         let mut m = ckpt.clone();
         m[bit / 8] ^= 1 << (bit % 8);
         assert!(checkpoint::decode(&m).is_err(), "checkpoint bit {bit}");
+    }
+    let delta = valid_snapshot_delta();
+    for cut in 0..delta.len() {
+        assert!(
+            snapshot_delta::decode(&delta[..cut]).is_err(),
+            "delta cut at {cut}"
+        );
+    }
+    for bit in 0..delta.len() * 8 {
+        let mut m = delta.clone();
+        m[bit / 8] ^= 1 << (bit % 8);
+        assert!(snapshot_delta::decode(&m).is_err(), "delta bit {bit}");
     }
     let m = valid_objects()[2].clone();
     for cut in 0..m.len() {

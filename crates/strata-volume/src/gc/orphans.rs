@@ -7,7 +7,9 @@
 //! since) or may still be uploading (`durable_seq < seq <= open_seq`); a
 //! checkpoint is ours if the manifest names it, lists it as pending, or it
 //! may still be in flight (newer than the manifest's), or a snapshot keeps
-//! it. Anything else older
+//! it; a snapshot delta if the manifest names it or it may still be in
+//! flight (leads to a checkpoint newer than the manifest's). Anything else
+//! older
 //! than the grace period is an orphan. The manifest and the lease are never
 //! orphans.
 
@@ -28,6 +30,8 @@ pub(crate) struct OrphanView<'a> {
     pub pending: &'a [PendingDeletion],
     /// Checkpoints snapshots keep.
     pub kept_checkpoints: &'a BTreeSet<u64>,
+    /// Snapshot deltas the manifest names: `(to, from)`.
+    pub named_deltas: &'a BTreeSet<(u64, u64)>,
 }
 
 /// Orphans among `listing` (objects under the volume's prefix).
@@ -40,6 +44,7 @@ pub(crate) fn find_orphans(
 ) -> Vec<ObjectMeta> {
     let segments = names.segments_prefix();
     let checkpoints = names.checkpoints_prefix();
+    let deltas = names.deltas_prefix();
     let pending_keys = pending_keys(view.pending);
     let pending = |kind: ObjectKind, seq: u64| pending_keys.contains(&(kind, seq));
     listing
@@ -48,6 +53,13 @@ pub(crate) fn find_orphans(
             let age_ms = now_ms.saturating_sub(o.last_modified.timestamp_millis().max(0) as u64);
             if age_ms < grace_ms {
                 return false;
+            }
+            if o.location.prefix_matches(&deltas) {
+                let Some((to, from)) = ObjectNames::parse_delta(&o.location) else {
+                    return false;
+                };
+                let newer = view.manifest_checkpoint.is_none_or(|c| to > c);
+                return !newer && !view.named_deltas.contains(&(to, from));
             }
             let Some(seq) = ObjectNames::parse_seq(&o.location) else {
                 return false;
@@ -87,21 +99,25 @@ mod tests {
     }
 
     #[test]
-    fn only_old_unreferenced_segments_and_checkpoints_are_orphans() {
+    fn only_old_unreferenced_segments_checkpoints_and_deltas_are_orphans() {
         let n = ObjectNames::new("v");
         let listing = vec![
             meta(n.manifest(), 0),
             meta(n.lease(), 0),
-            meta(n.segment(1), 0),    // stored: ours
-            meta(n.segment(2), 0),    // not stored, not pending: orphan
-            meta(n.segment(3), 0),    // pending deletion: not an orphan
-            meta(n.segment(6), 0),    // may still be uploading
-            meta(n.segment(9), 0),    // beyond the open segment: orphan
-            meta(n.segment(4), 990),  // too young
-            meta(n.checkpoint(2), 0), // replaced, not pending: orphan
-            meta(n.checkpoint(3), 0), // a snapshot's
-            meta(n.checkpoint(5), 0), // named
-            meta(n.checkpoint(7), 0), // newer: in flight
+            meta(n.segment(1), 0),             // stored: ours
+            meta(n.segment(2), 0),             // not stored, not pending: orphan
+            meta(n.segment(3), 0),             // pending deletion: not an orphan
+            meta(n.segment(6), 0),             // may still be uploading
+            meta(n.segment(9), 0),             // beyond the open segment: orphan
+            meta(n.segment(4), 990),           // too young
+            meta(n.checkpoint(2), 0),          // replaced, not pending: orphan
+            meta(n.checkpoint(3), 0),          // a snapshot's
+            meta(n.checkpoint(5), 0),          // named
+            meta(n.checkpoint(7), 0),          // newer: in flight
+            meta(n.snapshot_delta(3, 1), 0),   // named
+            meta(n.snapshot_delta(3, 2), 0),   // not named: orphan
+            meta(n.snapshot_delta(8, 3), 0),   // newer: in flight
+            meta(n.snapshot_delta(4, 3), 990), // too young
         ];
         let stored = BTreeMap::from([(1, 1)]);
         let pending = [PendingDeletion {
@@ -117,11 +133,20 @@ mod tests {
             manifest_checkpoint: Some(5),
             pending: &pending,
             kept_checkpoints: &BTreeSet::from([3]),
+            named_deltas: &BTreeSet::from([(3, 1)]),
         };
         let found: Vec<Path> = find_orphans(&n, &listing, &view, 1000, 100)
             .into_iter()
             .map(|o| o.location)
             .collect();
-        assert_eq!(found, vec![n.segment(2), n.segment(9), n.checkpoint(2)]);
+        assert_eq!(
+            found,
+            vec![
+                n.segment(2),
+                n.segment(9),
+                n.checkpoint(2),
+                n.snapshot_delta(3, 2)
+            ]
+        );
     }
 }

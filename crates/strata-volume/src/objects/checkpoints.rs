@@ -2,7 +2,7 @@
 
 use strata_store::{ObjectNames, Store};
 
-use super::store_error::store_error;
+use super::store_error::read_whole;
 use crate::error::VolumeError;
 use crate::format::checkpoint::{self, CheckpointInfo};
 use crate::format::manifest::{Manifest, SnapshotRecord};
@@ -48,14 +48,7 @@ async fn read_checkpoint_of_size(
     size_bytes: u64,
 ) -> Result<(CheckpointInfo, ExtentMap), VolumeError> {
     let path = names.checkpoint(seq);
-    let bytes = store
-        .object_store()
-        .get(&path)
-        .await
-        .map_err(store_error(store, "read", &path))?
-        .bytes()
-        .await
-        .map_err(store_error(store, "read", &path))?;
+    let bytes = read_whole(store, &path).await?;
     let corrupt = |detail: String| VolumeError::Corrupt {
         path: path.to_string(),
         detail,

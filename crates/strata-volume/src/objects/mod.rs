@@ -3,7 +3,8 @@
 //!
 //! Owns: turning an `object_store` error into a `VolumeError` that names the
 //! store, the operation and the object (`store_error`); reading and
-//! verifying the manifest, segment headers and checkpoints; listing
+//! verifying the manifest, segment headers, checkpoints and snapshot
+//! deltas; listing
 //! segments. Every byte read here is decoded by `format/` and rejected with
 //! a clear error when it does not verify. Writes are not here: each has its
 //! own conditions (segments `write/`, manifest and lease `ownership/`).
@@ -14,6 +15,7 @@ mod clone_markers;
 mod manifests;
 mod other_prefix;
 mod segments;
+mod snapshot_deltas;
 mod store_error;
 
 pub(crate) use checkpoints::{read_checkpoint, read_snapshot_map};
@@ -21,4 +23,5 @@ pub(crate) use clone_markers::list_clone_markers;
 pub(crate) use manifests::{read_manifest, read_manifest_versioned};
 pub(crate) use other_prefix::store_for_prefix;
 pub(crate) use segments::{fetch_segment_header, list_segments};
+pub(crate) use snapshot_deltas::read_snapshot_delta;
 pub(crate) use store_error::store_error;

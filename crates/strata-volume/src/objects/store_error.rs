@@ -1,4 +1,5 @@
-//! The one mapping from a store error to a `VolumeError`.
+//! The one mapping from a store error to a `VolumeError`, and the whole-
+//! object read every small object shares.
 
 use strata_store::Store;
 
@@ -18,4 +19,19 @@ pub(crate) fn store_error(
         path,
         source: Box::new(source),
     }
+}
+
+/// The whole of object `path`, any error mapped by `store_error`.
+pub(crate) async fn read_whole(
+    store: &Store,
+    path: &object_store::path::Path,
+) -> Result<bytes::Bytes, VolumeError> {
+    store
+        .object_store()
+        .get(path)
+        .await
+        .map_err(store_error(store, "read", path))?
+        .bytes()
+        .await
+        .map_err(store_error(store, "read", path))
 }

@@ -95,5 +95,6 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
         failed: None,
         pins: SnapshotPins::default(),
         resizing: false,
+        changed: None,
     }
 }

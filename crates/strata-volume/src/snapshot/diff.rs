@@ -88,31 +88,55 @@ fn runs(map: &ExtentMap, size: u64) -> impl Iterator<Item = Run> + '_ {
 /// adjacent ranges of one kind merged.
 pub fn diff_maps(older: &ExtentMap, newer: &ExtentMap, size: u64) -> Vec<Change> {
     let mut out: Vec<Change> = Vec::new();
+    differing(older, newer, size, |start, end, _, after| {
+        let kind = if after.is_some() {
+            ChangeKind::Data
+        } else {
+            ChangeKind::Zero
+        };
+        push_change(&mut out, start, end - start, kind);
+    });
+    out
+}
+
+/// Appends a change, merged with the last one when they touch and are of
+/// one kind.
+pub(crate) fn push_change(out: &mut Vec<Change>, offset: u64, length: u64, kind: ChangeKind) {
+    match out.last_mut() {
+        Some(last) if last.kind == kind && last.offset + last.length == offset => {
+            last.length += length;
+        }
+        _ => out.push(Change {
+            offset,
+            length,
+            kind,
+        }),
+    }
+}
+
+/// Where a run's data lives, `(seq, offset)` at its start; `None` for
+/// zeros (a hole or allocated zeros: they read the same).
+pub(crate) type Place = Option<(u64, u64)>;
+
+/// Calls `f(start, end, older_place, newer_place)` for each run of
+/// `[0, size)` where the maps differ, in order.
+pub(crate) fn differing(
+    older: &ExtentMap,
+    newer: &ExtentMap,
+    size: u64,
+    mut f: impl FnMut(u64, u64, Place, Place),
+) {
     let mut a = runs(older, size);
     let mut b = runs(newer, size);
     let (Some(mut ra), Some(mut rb)) = (a.next(), b.next()) else {
-        return out;
+        return;
     };
     let mut pos = 0u64;
     while pos < size {
         let end = ra.end.min(rb.end);
         let (ta, tb) = (ra.at(pos), rb.at(pos));
         if ta != tb {
-            let kind = if tb.is_some() {
-                ChangeKind::Data
-            } else {
-                ChangeKind::Zero
-            };
-            match out.last_mut() {
-                Some(last) if last.kind == kind && last.offset + last.length == pos => {
-                    last.length += end - pos;
-                }
-                _ => out.push(Change {
-                    offset: pos,
-                    length: end - pos,
-                    kind,
-                }),
-            }
+            f(pos, end, ta, tb);
         }
         pos = end;
         if ra.end == end {
@@ -128,7 +152,6 @@ pub fn diff_maps(older: &ExtentMap, newer: &ExtentMap, size: u64) -> Vec<Change>
             }
         }
     }
-    out
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //! - `export_name.rs`: `VOL@SNAP`, the name a snapshot is served under;
 //! - `lineage.rs`: a clone's ancestors, and which of them owns a segment;
 //! - `diff.rs`: what changed between two snapshots' maps;
+//! - `changed_ranges.rs`: what changed since the newest snapshot, and
+//!   the deltas from each snapshot to the next that diffs read;
 //! - `snapshot_view.rs`: a snapshot's map over the volume's read path,
 //!   read-only, needing no lease.
 //!
@@ -19,12 +21,14 @@
 //! volume's pins list them (GC reads the pins before it picks, moves or
 //! deletes). May not touch the journal.
 
+mod changed_ranges;
 mod diff;
 mod export_name;
 mod lineage;
 mod snapshot_pins;
 mod snapshot_view;
 
+pub(crate) use changed_ranges::{changes_of, data_map, overlay, ChangedRanges};
 pub use diff::{diff_maps, Change, ChangeKind};
 pub use export_name::{split_export_name, ExportName};
 pub use lineage::MAX_CLONE_DEPTH;

@@ -603,6 +603,11 @@ impl Volume {
                     .iter()
                     .map(|s| s.checkpoint_seq)
                     .collect(),
+                named_deltas: &manifest
+                    .snapshots
+                    .iter()
+                    .filter_map(|s| s.delta.map(|d| (s.checkpoint_seq, d.from_checkpoint_seq)))
+                    .collect(),
             };
             find_orphans(
                 &self.names,

@@ -18,6 +18,8 @@
 //! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
 //! - `snapshot.rs`: snapshots: create, delete, roll back (`snapshot/`
 //!   holds the rules);
+//! - `snapshot_deltas.rs`: the chain of deltas from each snapshot to the
+//!   next, kept whole as snapshots come and go;
 //! - `resize.rs`: growing and shrinking, served or not;
 //! - `flatten.rs`: a clone's inherited data copied in, the parent dropped;
 //! - `close.rs`: the clean close.
@@ -32,6 +34,7 @@ mod open;
 mod read;
 mod resize;
 mod snapshot;
+mod snapshot_deltas;
 mod tasks;
 mod upload;
 mod write;

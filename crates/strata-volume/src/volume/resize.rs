@@ -58,6 +58,10 @@ impl Volume {
                     detail: detail.clone(),
                 });
             }
+            let state = &mut *st;
+            if let (Some(c), true) = (&mut state.changed, new < old) {
+                c.mark(&state.map, new, old - new, false);
+            }
             let cut: Option<MapEdit> = (new < old)
                 .then(|| Box::new(move |m: &mut ExtentMap| m.set(new, old - new, None)) as MapEdit);
             self.seal_for_history_locked(&mut st, cut, new)

@@ -20,6 +20,7 @@ use crate::format::manifest::{
 };
 use crate::map::{ExtentMap, SegmentUsage};
 use crate::objects::{list_clone_markers, read_snapshot_map};
+use crate::snapshot::ChangedRanges;
 use crate::write::state::State;
 
 impl Volume {
@@ -45,21 +46,51 @@ impl Volume {
                 self.name
             )));
         }
-        let (job, usage) = {
+        let previous = current.snapshots.last().map(|s| s.checkpoint_seq);
+        let size = self.size_bytes();
+        let (job, usage, delta, replaced) = {
             let mut st = self.state.lock();
             self.check_failed_locked(&st)?;
-            let job = self.seal_for_history_locked(&mut st, None, self.size_bytes());
+            let job = self.seal_for_history_locked(&mut st, None, size);
             // The map as of the seal point: what the snapshot keeps.
             let usage = st.map.usage().clone();
             st.pins.pin(&usage);
-            (job, usage)
+            // What changed since the newest snapshot, as of the seal point.
+            let delta = match (&st.changed, previous) {
+                (Some(c), Some(p)) if c.since_seq() == p => Some((p, c.pieces(&st.map))),
+                _ => None,
+            };
+            let replaced = st.changed.replace(ChangedRanges::new(job.seq));
+            (job, usage, delta, replaced)
+        };
+        let seq = job.seq;
+        let undo = |vol: &Self| {
+            let mut st = vol.state.lock();
+            st.pins.unpin(&usage);
+            if let (Some(c), Some(old)) = (&mut st.changed, &replaced) {
+                c.absorb_older(old.since_seq(), old.runs());
+            }
+            if replaced.is_none() {
+                st.changed = None;
+            }
+        };
+        let delta = match delta {
+            Some((from, pieces)) => match self.store_delta(seq, from, size, &pieces).await {
+                Ok(d) => Some(d),
+                Err(detail) => {
+                    undo(self);
+                    return Err(self.failed(format!("snapshot {name:?} not taken: {detail}")));
+                }
+            },
+            None => None,
         };
         let record = SnapshotRecord {
             name: name.to_string(),
-            checkpoint_seq: job.seq,
+            checkpoint_seq: seq,
             created_unix_ms: now_ms(),
-            size_bytes: self.size_bytes(),
+            size_bytes: size,
             deleting: false,
+            delta,
         };
         let add = {
             let record = record.clone();
@@ -70,7 +101,7 @@ impl Volume {
             }
         };
         if let Err(detail) = self.store_checkpoint_with(job, Some(&add)).await {
-            self.state.lock().pins.unpin(&usage);
+            undo(self);
             return Err(self.failed(format!("snapshot {name:?} not taken: {detail}")));
         }
         crash_point("snapshot.after_create");
@@ -89,9 +120,13 @@ impl Volume {
         // What it kept, read back from its checkpoint (pins hold counts only).
         let usage = self.snapshot_map(&record).await?.usage().clone();
         self.refuse_if_cloned(name).await?;
+        let repair = self
+            .repair_chain(&self.manifest.current().await, name)
+            .await?;
         let now = now_ms();
         let change = |m: &Manifest| {
             let mut next = m.clone();
+            repair.apply(&mut next);
             next.snapshots.retain(|s| s.name != name);
             let seq = record.checkpoint_seq;
             let named = m.checkpoint_seq == Some(seq);
@@ -117,6 +152,7 @@ impl Volume {
         }
         crash_point("snapshot.after_delete");
         self.state.lock().pins.unpin(&usage);
+        repair.finish(self, record.checkpoint_seq).await;
         self.gc_wake.notify_one();
         tracing::info!(volume = %self.name, snapshot = name, "snapshot deleted");
         Ok(())
@@ -143,13 +179,16 @@ impl Volume {
             )));
         }
         let map = self.snapshot_map(&record).await?;
+        let changed = self.changed_after_rollback(&current, &record, &map).await?;
         let job = {
             let mut st = self.state.lock();
             self.check_failed_locked(&st)?;
             check_kept(&st, map.usage(), self.lineage.base_seq(), &self.name, name)?;
             let size = self.size_bytes();
             let replace: MapEdit = Box::new(move |m: &mut ExtentMap| *m = map);
-            self.seal_for_history_locked(&mut st, Some(replace), size)
+            let job = self.seal_for_history_locked(&mut st, Some(replace), size);
+            st.changed = Some(changed);
+            job
         };
         let rollback = RollbackRecord {
             snapshot: name.to_string(),
@@ -263,13 +302,43 @@ impl Volume {
         read_snapshot_map(&self.store, &self.names, &self.name, self.uuid, record).await
     }
 
-    /// Pins the segments of every snapshot in `m` (at open).
+    /// Pins the segments of every snapshot in `m` (at open), and works out
+    /// what changed since the newest one.
     pub(crate) async fn pin_snapshots(&self, m: &Manifest) -> Result<(), VolumeError> {
+        let mut newest = None;
         for record in &m.snapshots {
-            let usage = self.snapshot_map(record).await?.usage().clone();
-            self.state.lock().pins.pin(&usage);
+            let map = self.snapshot_map(record).await?;
+            self.state.lock().pins.pin(map.usage());
+            newest = Some((record, map));
         }
+        let mut st = self.state.lock();
+        st.changed = newest.map(|(record, map)| {
+            let size = record.size_bytes.max(self.size_bytes());
+            ChangedRanges::between(record.checkpoint_seq, &map, &st.map, size)
+        });
         Ok(())
+    }
+
+    /// What differs between the newest snapshot and `map`, the map of
+    /// snapshot `target` a rollback is about to restore.
+    async fn changed_after_rollback(
+        &self,
+        m: &Manifest,
+        target: &SnapshotRecord,
+        map: &ExtentMap,
+    ) -> Result<ChangedRanges, VolumeError> {
+        let newest = m.snapshots.last().unwrap_or(target);
+        if newest.name == target.name {
+            return Ok(ChangedRanges::new(target.checkpoint_seq));
+        }
+        let newest_map = self.snapshot_map(newest).await?;
+        let size = newest.size_bytes.max(target.size_bytes);
+        Ok(ChangedRanges::between(
+            newest.checkpoint_seq,
+            &newest_map,
+            map,
+            size,
+        ))
     }
 
     fn check_failed_locked(&self, st: &State) -> Result<(), VolumeError> {

@@ -14,7 +14,7 @@ use super::open_segment::{OpenSegment, SealedSegment};
 use crate::format::journal::RecordKind;
 use crate::format::segment::{EntryKind, JournalSpan};
 use crate::map::{ExtentMap, Target};
-use crate::snapshot::SnapshotPins;
+use crate::snapshot::{ChangedRanges, SnapshotPins};
 
 /// Mutable state behind the volume lock.
 pub(crate) struct State {
@@ -48,6 +48,9 @@ pub(crate) struct State {
     pub pins: SnapshotPins,
     /// A resize is under way: writes wait (`volume/resize.rs`).
     pub resizing: bool,
+    /// What changed since the newest snapshot (`None` while the volume has
+    /// none): the next snapshot's delta.
+    pub changed: Option<ChangedRanges>,
 }
 
 impl State {
@@ -129,6 +132,7 @@ impl State {
             failed: None,
             pins: SnapshotPins::default(),
             resizing: false,
+            changed: None,
         }
     }
 }
@@ -195,6 +199,9 @@ pub(crate) fn apply_op(
         EntryKind::Zero => Some(Target::Zero),
         EntryKind::Unmap => None,
     };
+    if let Some(changed) = &mut st.changed {
+        changed.mark(&st.map, offset, len, entry_kind == EntryKind::Write);
+    }
     st.map.set(offset, len, target);
     st.buffered_cost_bytes += cost;
 }
