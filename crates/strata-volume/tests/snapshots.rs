@@ -42,7 +42,7 @@ async fn assert_view_matches(view: &Arc<SnapshotView>, model: &[u8], what: &str)
 /// 1 GiB and a 100 GiB volume: a snapshot of each, and a clone of that,
 /// cost the same number of store requests, and few (a snapshot: a seal
 /// point's segment, its checkpoint, the manifest; a clone: manifests read,
-/// its marker, its manifest).
+/// its marker, its manifest); a later snapshot one more (its delta).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_and_a_clone_cost_the_same_store_requests_on_1_gib_and_100_gib() {
     let mut costs = Vec::new();
@@ -75,11 +75,21 @@ async fn a_snapshot_and_a_clone_cost_the_same_store_requests_on_1_gib_and_100_gi
         clone.read(99 * (size / 100), &mut buf).await.unwrap();
         assert_eq!(buf, data, "{size}: the clone's last write");
         clone.close().await.unwrap();
+        // A second snapshot also stores its delta from the first.
+        for i in 0..10u64 {
+            vol.write(i * (size / 10) + 4096, &data, false)
+                .await
+                .unwrap();
+        }
+        vol.flush().await.unwrap();
+        let before = requests(&store);
+        vol.create_snapshot("s2").await.unwrap();
+        let second_cost = requests(&store) - before;
         vol.close().await.unwrap();
-        costs.push((cost, clone_cost));
+        costs.push((cost, clone_cost, second_cost));
     }
     eprintln!(
-        "store requests per snapshot and per clone: 1 GiB {:?}, 100 GiB {:?}",
+        "store requests per snapshot, per clone, per later snapshot: 1 GiB {:?}, 100 GiB {:?}",
         costs[0], costs[1]
     );
     assert_eq!(costs[0], costs[1], "store requests: 1 GiB vs 100 GiB");
@@ -93,6 +103,7 @@ async fn a_snapshot_and_a_clone_cost_the_same_store_requests_on_1_gib_and_100_gi
         "a clone took {} store requests",
         costs[0].1
     );
+    assert_eq!(costs[0].2, costs[0].0 + 1, "a later snapshot: one PUT more");
 }
 
 /// Random writes, TRIMs and zeroes with garbage collection running in the
