@@ -1,6 +1,7 @@
 //! One client connection from accept to close: the handshake (bounded by
-//! the handshake timeout, abandoned on shutdown), then transmission, with
-//! the connect/disconnect log lines.
+//! the handshake timeout, abandoned on shutdown; with STARTTLS, the TLS
+//! handshake and the options after it too), then transmission, in
+//! plaintext or inside TLS, with the connect/disconnect log lines.
 
 use std::io;
 use std::sync::Arc;
@@ -11,8 +12,10 @@ use tokio::sync::watch;
 use crate::budget::ByteBudget;
 use crate::config::ServerConfig;
 use crate::device::ExportProvider;
-use crate::handshake::{self, Outcome};
-use crate::listen::{Accepted, SplitStream};
+use crate::export::Export;
+use crate::handshake::{self, Outcome, Security};
+use crate::listen::{Accepted, RawSocket, SplitStream};
+use crate::tls::Tls;
 use crate::transmission::{self, End};
 
 /// What every connection of a server shares.
@@ -23,6 +26,14 @@ pub(crate) struct Shared<P> {
     pub byte_budget: ByteBudget,
     /// Turns true when the server shuts down.
     pub stop: watch::Receiver<bool>,
+    pub tls: Option<Tls>,
+}
+
+/// How a handshake ended.
+enum Negotiated<S, D> {
+    Plain(S, Export<D>),
+    Tls(Box<tokio_rustls::server::TlsStream<S>>, Export<D>),
+    Aborted,
 }
 
 /// Serves one accepted connection to the end.
@@ -33,16 +44,15 @@ pub(crate) async fn serve<P: ExportProvider>(shared: Arc<Shared<P>>, accepted: A
     }
 }
 
-async fn serve_stream<P: ExportProvider, S: SplitStream>(
-    shared: &Shared<P>,
-    mut stream: S,
-    id: u64,
-    peer: &str,
-) {
+async fn serve_stream<P, S>(shared: &Shared<P>, stream: S, id: u64, peer: &str)
+where
+    P: ExportProvider,
+    S: SplitStream + RawSocket,
+{
     tracing::info!(conn = id, peer, "client connected");
     let mut stop = shared.stop.clone();
     let timeout = Duration::from_millis(shared.config.handshake_timeout_ms);
-    let negotiation = handshake::negotiate(&mut stream, &*shared.provider, &shared.config);
+    let negotiation = handshake_all(shared, stream);
     let negotiated = tokio::select! {
         result = tokio::time::timeout(timeout, negotiation) => result,
         _ = stop.wait_for(|stopping| *stopping) => {
@@ -50,30 +60,82 @@ async fn serve_stream<P: ExportProvider, S: SplitStream>(
             return;
         }
     };
-    let export = match negotiated {
-        Ok(Ok(Outcome::Transmission(export))) => export,
-        Ok(Ok(Outcome::Aborted)) => {
-            tracing::info!(conn = id, peer, "client aborted the handshake");
-            return;
+    match negotiated {
+        Ok(Ok(Negotiated::Plain(stream, export))) => {
+            transmit(shared, stream, export, &mut stop, id, peer, false).await
         }
-        Ok(Err(error)) => return log_handshake_error(id, peer, &error),
+        Ok(Ok(Negotiated::Tls(stream, export))) => {
+            transmit(shared, *stream, export, &mut stop, id, peer, true).await
+        }
+        Ok(Ok(Negotiated::Aborted)) => {
+            tracing::info!(conn = id, peer, "client aborted the handshake");
+        }
+        Ok(Err(error)) => log_handshake_error(id, peer, &error),
         Err(_) => {
             let timeout_ms = shared.config.handshake_timeout_ms;
             tracing::warn!(conn = id, peer, timeout_ms, "handshake timed out; closing");
-            return;
         }
+    }
+}
+
+/// The handshake, and after STARTTLS the TLS handshake and the options
+/// inside TLS.
+async fn handshake_all<P, S>(
+    shared: &Shared<P>,
+    mut stream: S,
+) -> io::Result<Negotiated<S, P::Device>>
+where
+    P: ExportProvider,
+    S: SplitStream + RawSocket,
+{
+    let provider = &*shared.provider;
+    let security = match &shared.tls {
+        None => Security::NoTls,
+        Some(tls) => Security::Offered(tls.mode),
     };
+    let flags = match handshake::negotiate(&mut stream, provider, &shared.config, security).await? {
+        Outcome::Transmission(export) => return Ok(Negotiated::Plain(stream, export)),
+        Outcome::Aborted => return Ok(Negotiated::Aborted),
+        Outcome::StartTls(flags) => flags,
+    };
+    let Some(tls) = &shared.tls else {
+        return Err(io::Error::other(
+            "STARTTLS acknowledged without TLS (a bug)",
+        ));
+    };
+    let mut stream = tls.acceptor.accept(stream).await.map_err(|error| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("TLS handshake failed: {error}"),
+        )
+    })?;
+    let haggled = handshake::haggle(
+        &mut stream,
+        provider,
+        &shared.config,
+        flags,
+        Security::Encrypted,
+    );
+    match haggled.await? {
+        Outcome::Transmission(export) => Ok(Negotiated::Tls(Box::new(stream), export)),
+        Outcome::Aborted => Ok(Negotiated::Aborted),
+        Outcome::StartTls(_) => Err(io::Error::other("STARTTLS inside TLS (a bug)")),
+    }
+}
+
+async fn transmit<P: ExportProvider, S: SplitStream>(
+    shared: &Shared<P>,
+    stream: S,
+    export: Export<P::Device>,
+    stop: &mut watch::Receiver<bool>,
+    id: u64,
+    peer: &str,
+    tls: bool,
+) {
     let name = export.name.clone();
     let structured = export.structured_replies;
-    tracing::info!(conn = id, peer, export = ?name, structured, "transmission started");
-    let end = transmission::serve(
-        stream,
-        export,
-        &shared.config,
-        &shared.byte_budget,
-        &mut stop,
-    )
-    .await;
+    tracing::info!(conn = id, peer, export = ?name, structured, tls, "transmission started");
+    let end = transmission::serve(stream, export, &shared.config, &shared.byte_budget, stop).await;
     if let End::RepliesStalled(_) = end {
         tracing::warn!(conn = id, peer, export = ?name, "{end}");
     } else if end.is_fault() {
@@ -88,7 +150,7 @@ fn log_handshake_error(id: u64, peer: &str, error: &io::Error) {
         io::ErrorKind::UnexpectedEof => {
             tracing::info!(conn = id, peer, "client left during the handshake");
         }
-        io::ErrorKind::InvalidData | io::ErrorKind::NotFound => {
+        io::ErrorKind::InvalidData | io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => {
             tracing::warn!(conn = id, peer, %error, "handshake failed; closing");
         }
         _ => tracing::info!(conn = id, peer, %error, "handshake failed; closing"),

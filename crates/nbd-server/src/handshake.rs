@@ -1,7 +1,14 @@
 //! The fixed-newstyle handshake: greeting, client flags, and option
 //! haggling (EXPORT_NAME, ABORT, LIST, INFO, GO, STRUCTURED_REPLY,
-//! LIST_META_CONTEXT, SET_META_CONTEXT; anything else gets
+//! LIST_META_CONTEXT, SET_META_CONTEXT, STARTTLS; anything else gets
 //! NBD_REP_ERR_UNSUP) until the client enters transmission or leaves.
+//!
+//! STARTTLS ends this stream's haggling (`Outcome::StartTls`): the caller
+//! runs the TLS handshake and haggles again inside TLS, from scratch (the
+//! protocol says what was negotiated before TLS is forgotten). Where TLS
+//! is required, every option but STARTTLS and ABORT before it gets
+//! NBD_REP_ERR_TLS_REQD, and EXPORT_NAME (which cannot be refused) closes
+//! the connection: nothing is served in plaintext.
 //!
 //! Errors are `io::Error`s whose kind says what happened: `UnexpectedEof`
 //! (client went away), `InvalidData` (protocol violation, connection
@@ -22,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::config::ServerConfig;
 use crate::device::ExportProvider;
 use crate::export::{Export, ExportParams};
+use crate::tls::TlsMode;
 
 /// Longest option data accepted; longer options drop the connection.
 pub(crate) const MAX_OPTION_DATA_BYTES: u32 = 64 * 1024;
@@ -35,13 +43,27 @@ pub(crate) enum Outcome<D> {
     Transmission(Export<D>),
     /// The client sent NBD_OPT_ABORT.
     Aborted,
+    /// NBD_OPT_STARTTLS was acknowledged: the TLS handshake comes next.
+    StartTls(ClientFlags),
 }
 
-/// Runs the handshake on `stream` until transmission or abort.
+/// Where a connection stands on TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Security {
+    /// The server has no TLS.
+    NoTls,
+    /// Plaintext so far; TLS offered under this policy.
+    Offered(TlsMode),
+    /// Inside TLS.
+    Encrypted,
+}
+
+/// Runs the handshake on `stream` until transmission, abort, or STARTTLS.
 pub(crate) async fn negotiate<S, P>(
     stream: &mut S,
     provider: &P,
     config: &ServerConfig,
+    security: Security,
 ) -> io::Result<Outcome<P::Device>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -54,12 +76,38 @@ where
     let mut flag_bytes = [0u8; CLIENT_FLAGS_BYTES];
     stream.read_exact(&mut flag_bytes).await?;
     let client_flags = ClientFlags::decode(&flag_bytes, HANDSHAKE_FLAGS).map_err(invalid_data)?;
-    let mut haggle = Haggle::new(provider, config, client_flags);
+    if security == Security::Offered(TlsMode::Require) && !client_flags.fixed_newstyle {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "TLS is required and the client does not speak fixed newstyle (needed for STARTTLS)",
+        ));
+    }
+    haggle(stream, provider, config, client_flags, security).await
+}
+
+/// Haggles options on `stream` until transmission, abort, or STARTTLS
+/// (after the greeting; again from scratch inside TLS).
+pub(crate) async fn haggle<S, P>(
+    stream: &mut S,
+    provider: &P,
+    config: &ServerConfig,
+    client_flags: ClientFlags,
+    security: Security,
+) -> io::Result<Outcome<P::Device>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    P: ExportProvider,
+{
+    let mut haggle = Haggle::new(provider, config, client_flags, security);
     loop {
         let (option, data) = read_option(stream).await?;
         let mut out = Vec::new();
         let step = haggle.handle(option, &data, &mut out).await;
-        let written = stream.write_all(&out).await;
+        // Flushed: inside TLS, written bytes may wait in the session.
+        let written = match stream.write_all(&out).await {
+            Ok(()) => stream.flush().await,
+            Err(e) => Err(e),
+        };
         match step {
             Step::Continue => written?,
             Step::Finish(Outcome::Aborted) => return Ok(Outcome::Aborted),
@@ -113,10 +161,17 @@ struct Haggle<'a, P: ExportProvider> {
     meta: Option<MetaSelection>,
     /// The export opened by INFO/GO, kept so GO after INFO opens it once.
     opened: Option<(String, Arc<P::Device>)>,
+    security: Security,
+    told_tls_required: bool,
 }
 
 impl<'a, P: ExportProvider> Haggle<'a, P> {
-    fn new(provider: &'a P, config: &'a ServerConfig, client_flags: ClientFlags) -> Self {
+    fn new(
+        provider: &'a P,
+        config: &'a ServerConfig,
+        client_flags: ClientFlags,
+        security: Security,
+    ) -> Self {
         Haggle {
             provider,
             config,
@@ -124,10 +179,32 @@ impl<'a, P: ExportProvider> Haggle<'a, P> {
             structured_replies: false,
             meta: None,
             opened: None,
+            security,
+            told_tls_required: false,
         }
     }
 
     async fn handle(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> Step<P::Device> {
+        if option == OPT_STARTTLS {
+            return self.starttls(data, out);
+        }
+        if self.security == Security::Offered(TlsMode::Require) && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                let message = "NBD_OPT_EXPORT_NAME before TLS, which this server requires";
+                return Step::Close(io::Error::new(io::ErrorKind::PermissionDenied, message));
+            }
+            let message = "this server requires TLS: negotiate NBD_OPT_STARTTLS first";
+            encode_option_error_into(out, option, REP_ERR_TLS_REQD, message);
+            if !self.told_tls_required {
+                // Once per connection: why a plaintext client gets nothing.
+                self.told_tls_required = true;
+                tracing::warn!(
+                    option,
+                    "plaintext client refused: TLS is required (use an nbds:// URI or tls-creds)"
+                );
+            }
+            return Step::Continue;
+        }
         match option {
             OPT_EXPORT_NAME => return self.export_name(data, out).await,
             OPT_ABORT => {
@@ -142,6 +219,21 @@ impl<'a, P: ExportProvider> Haggle<'a, P> {
             _ => encode_option_error_into(out, option, REP_ERR_UNSUP, "option not supported"),
         }
         Step::Continue
+    }
+
+    fn starttls(&self, data: &[u8], out: &mut Vec<u8>) -> Step<P::Device> {
+        let refusal = match self.security {
+            _ if !data.is_empty() => Some((REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data")),
+            Security::NoTls => Some((REP_ERR_UNSUP, "this server does not offer TLS")),
+            Security::Encrypted => Some((REP_ERR_INVALID, "TLS is already negotiated")),
+            Security::Offered(_) => None,
+        };
+        if let Some((error, message)) = refusal {
+            encode_option_error_into(out, OPT_STARTTLS, error, message);
+            return Step::Continue;
+        }
+        reply(out, OPT_STARTTLS, REP_ACK, &[]);
+        Step::Finish(Outcome::StartTls(self.client_flags))
     }
 
     async fn export_name(&mut self, data: &[u8], out: &mut Vec<u8>) -> Step<P::Device> {

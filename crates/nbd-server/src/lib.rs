@@ -8,7 +8,9 @@
 //! - `listen`: [`ListenAddr`], binding (stale unix sockets), accepting.
 //! - `server`: [`Server`]: accept loop, connection tasks, shutdown.
 //! - `connection`: one connection: handshake then transmission, logging.
-//! - `handshake`: greeting and option haggling.
+//! - `handshake`: greeting and option haggling (STARTTLS policy).
+//! - `tls`: [`Tls`]: certificates, client verification, [`TlsMode`].
+//! - `tls_stream`: a TLS connection split for transmission.
 //! - `export`: negotiated export parameters (flags, block sizes).
 //! - `transmission`: request reader, in-flight bounds, concurrent dispatch.
 //! - `budget`: the in-flight bounds: request count, per-connection and
@@ -28,6 +30,8 @@ mod handshake;
 mod listen;
 mod reply;
 mod server;
+mod tls;
+mod tls_stream;
 mod transmission;
 mod validate;
 mod writer;
@@ -38,3 +42,4 @@ pub use device::{
 };
 pub use listen::{ListenAddr, ParseListenAddrError};
 pub use server::Server;
+pub use tls::{Tls, TlsMode};

@@ -27,6 +27,7 @@ use crate::config::ServerConfig;
 use crate::connection::{self, Shared};
 use crate::device::ExportProvider;
 use crate::listen::{self, Accepted, ListenAddr, Listener, SocketFile};
+use crate::tls::Tls;
 
 /// Pause after a failed accept (e.g. out of file descriptors).
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
@@ -40,6 +41,7 @@ pub struct Server<P: ExportProvider> {
     /// Each listener with its actual address.
     listeners: Vec<(Listener, ListenAddr)>,
     socket_files: Vec<SocketFile>,
+    tls: Option<Tls>,
 }
 
 impl<P: ExportProvider> Server<P> {
@@ -64,6 +66,7 @@ impl<P: ExportProvider> Server<P> {
             config,
             listeners: Vec::with_capacity(addrs.len()),
             socket_files: Vec::new(),
+            tls: None,
         };
         for addr in addrs {
             // On error `server` drops here, removing the files bound so far.
@@ -79,6 +82,13 @@ impl<P: ExportProvider> Server<P> {
             server.listeners.push((listener, local));
         }
         Ok(server)
+    }
+
+    /// Offers TLS (STARTTLS) on every connection, under `tls`'s policy.
+    pub fn with_tls(mut self, tls: Tls) -> Self {
+        tracing::info!(mode = ?tls.mode(), "TLS offered");
+        self.tls = Some(tls);
+        self
     }
 
     /// The bound addresses, TCP port 0 resolved to the actual port.
@@ -99,6 +109,7 @@ impl<P: ExportProvider> Server<P> {
             config: self.config.clone(),
             byte_budget: ByteBudget::new(self.config.max_in_flight_bytes),
             stop,
+            tls: self.tls.clone(),
         });
         let max_connections = self.config.max_connections.min(Semaphore::MAX_PERMITS);
         let slots = Arc::new(Semaphore::new(max_connections));

@@ -123,7 +123,10 @@ async fn write_batch<W: AsyncWrite + ReplySocket + Unpin>(
         }
         (reply_index, offset_bytes) = advance(batch, reply_index, offset_bytes + written_bytes);
     }
-    Ok(())
+    // A no-op on a plain socket; inside TLS, the records of what was
+    // written may still wait in the session, and nothing else would send
+    // them before the next reply.
+    poll_fn(|context| watch.poll_flush(&mut *writer, context)).await
 }
 
 /// Moves the position (reply, offset into it) forward past whole replies.
@@ -187,6 +190,23 @@ impl StallWatch {
         slices: &[IoSlice<'_>],
     ) -> Poll<Result<usize, WriteError>> {
         match Pin::new(&mut *writer).poll_write_vectored(context, slices) {
+            Poll::Ready(result) => {
+                self.progressed();
+                Poll::Ready(result.map_err(WriteError::Io))
+            }
+            Poll::Pending => self
+                .poll_stalled(context, writer)
+                .map(|()| Err(WriteError::Stalled)),
+        }
+    }
+
+    /// Polls a flush, watching for a stall while it is pending.
+    fn poll_flush<W: AsyncWrite + ReplySocket + Unpin>(
+        &mut self,
+        writer: &mut W,
+        context: &mut Context<'_>,
+    ) -> Poll<Result<(), WriteError>> {
+        match Pin::new(&mut *writer).poll_flush(context) {
             Poll::Ready(result) => {
                 self.progressed();
                 Poll::Ready(result.map_err(WriteError::Io))

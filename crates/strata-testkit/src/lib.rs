@@ -18,12 +18,14 @@
 mod cluster;
 mod keeper;
 mod node;
+mod pki;
 mod s3;
 mod server;
 
 use std::path::PathBuf;
 
 pub use cluster::{MinioCluster, CLUSTER_PORTS, LOCK_PATH};
+pub use pki::TestPki;
 pub use server::MinioServer;
 
 /// The pinned MinIO version `scripts/install-minio` builds.

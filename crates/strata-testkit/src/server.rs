@@ -7,7 +7,6 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -327,112 +326,25 @@ pub(crate) fn server_env() -> Vec<(String, String)> {
     ]
 }
 
-/// OpenSSL config of the test PKI: a CA, and a server certificate it signs
-/// for 127.0.0.1 and localhost. Two certificates rather than one
-/// self-signed: webpki (rustls) refuses a certificate marked CA as the
-/// server's own, and OpenSSL marks self-signed ones CA by default.
-const OPENSSL_CONFIG: &str = "\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = strata test CA
-[ca]
-basicConstraints = critical, CA:TRUE
-keyUsage = critical, keyCertSign, cRLSign
-subjectKeyIdentifier = hash
-[leaf]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1, DNS:localhost
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-";
-
-/// Generates the test CA (`<dir>/ca/ca.crt`) and the server's
+/// Generates the test PKI (`crate::pki`) and lays out the server's
 /// `<dir>/certs/public.crt` + `private.key` (where `--certs-dir` wants
 /// them). Returns (CA certificate, certs dir).
 fn make_certs(dir: &Path) -> (PathBuf, PathBuf) {
-    let ca_dir = dir.join("ca");
+    let pki_dir = dir.join("ca");
     let certs = dir.join("certs");
-    for d in [&ca_dir, &certs] {
+    for d in [&pki_dir, &certs] {
         if let Err(e) = std::fs::create_dir_all(d) {
             panic!("creating {}: {e}", d.display());
         }
     }
-    let config = ca_dir.join("openssl.cnf");
-    if let Err(e) = std::fs::write(&config, OPENSSL_CONFIG) {
-        panic!("writing {}: {e}", config.display());
+    let pki = crate::pki::TestPki::generate(&pki_dir);
+    for (from, to) in [
+        (&pki.server_cert, "public.crt"),
+        (&pki.server_key, "private.key"),
+    ] {
+        if let Err(e) = std::fs::copy(from, certs.join(to)) {
+            panic!("copying {}: {e}", from.display());
+        }
     }
-    let ca_crt = ca_dir.join("ca.crt");
-    let ca_key = ca_dir.join("ca.key");
-    let csr = ca_dir.join("server.csr");
-    // P-256 keys: generated instantly, and every TLS stack involved takes
-    // them.
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    openssl(
-        Command::new("openssl")
-            .args(["req", "-x509", "-extensions", "ca", "-days", "30"])
-            .args(ec)
-            .arg("-config")
-            .arg(&config)
-            .arg("-keyout")
-            .arg(&ca_key)
-            .arg("-out")
-            .arg(&ca_crt),
-    );
-    openssl(
-        Command::new("openssl")
-            .args(["req", "-new", "-subj", "/CN=127.0.0.1"])
-            .args(ec)
-            .arg("-config")
-            .arg(&config)
-            .arg("-keyout")
-            .arg(certs.join("private.key"))
-            .arg("-out")
-            .arg(&csr),
-    );
-    openssl(
-        Command::new("openssl")
-            .args([
-                "x509",
-                "-req",
-                "-days",
-                "30",
-                "-set_serial",
-                "2",
-                "-extensions",
-                "leaf",
-            ])
-            .arg("-extfile")
-            .arg(&config)
-            .arg("-in")
-            .arg(&csr)
-            .arg("-CA")
-            .arg(&ca_crt)
-            .arg("-CAkey")
-            .arg(&ca_key)
-            .arg("-out")
-            .arg(certs.join("public.crt")),
-    );
-    (ca_crt, certs)
-}
-
-fn openssl(cmd: &mut Command) {
-    match cmd.output() {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => panic!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => panic!("cannot run openssl (scripts/install-minio installs it): {e}"),
-    }
+    (pki.ca_cert, certs)
 }

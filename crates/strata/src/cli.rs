@@ -356,6 +356,41 @@ pub struct ServeArgs {
     /// Connections served at once; more are closed at once (and logged).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_connections: usize,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// NBD over TLS (the protocol's STARTTLS; clients use `nbds://` and
+/// `nbds+unix://` URIs, or QEMU's `tls-creds-x509` object).
+#[derive(Debug, Args)]
+pub struct TlsArgs {
+    /// `require`: clients must negotiate TLS before anything else (no
+    /// export is listed or served in plaintext); `optional`: clients
+    /// choose; `off`. Default: `require` when --tls-cert is given, else
+    /// `off`.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls: Option<TlsModeArg>,
+
+    /// The server's certificate chain, PEM (the server's own first).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The server's private key, PEM (PKCS#8, RSA or EC).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require a client certificate issued by this CA (PEM); clients
+    /// without one, or with one from another CA, are refused.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsModeArg {
+    Require,
+    Optional,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

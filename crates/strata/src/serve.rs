@@ -4,10 +4,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use nbd_server::{ListenAddr, Server, ServerConfig};
+use nbd_server::{ListenAddr, Server, ServerConfig, Tls, TlsMode};
 use strata_volume::{Engine, EngineStats, VolumeError, VolumeInfo};
 
-use crate::cli::ServeArgs;
+use crate::cli::{ServeArgs, TlsArgs, TlsModeArg};
 use crate::nbd_volume::VolumeExports;
 use crate::size::{parse_size, size_option};
 
@@ -30,17 +30,22 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
         max_request_bytes: config.max_request_bytes,
         only: only.clone(),
     });
+    let tls = tls_settings(&args.tls)?;
     let stop = shutdown_signal();
-    let server = Server::bind(exports, &addrs, config)
+    let mut server = Server::bind(exports, &addrs, config)
         .await
         .context("cannot listen")?;
+    let tls_on = tls.is_some();
+    if let Some(tls) = tls {
+        server = server.with_tls(tls);
+    }
     let mut volumes = engine.list_volumes().await?;
     if let Some(only) = &only {
         volumes.retain(|v| only.contains(&v.name));
     } else {
         open_all_in_background(&engine, volumes.clone());
     }
-    print_uris(&volumes, &server.local_addrs())?;
+    print_uris(&volumes, &server.local_addrs(), tls_on)?;
     let stats_task = start_stats(&engine, args);
     let control_task = crate::control::listen(engine.clone()).await?;
     let result = server.run(stop).await;
@@ -196,14 +201,30 @@ fn listen_addrs(engine: &Engine, args: &ServeArgs) -> anyhow::Result<Vec<ListenA
 }
 
 /// Prints the URI of each volume at each address, then `ready`.
-fn print_uris(volumes: &[VolumeInfo], addrs: &[ListenAddr]) -> anyhow::Result<()> {
+/// The server's TLS from `--tls*`, the files read and checked now (a bad
+/// one stops the start with the reason).
+fn tls_settings(args: &TlsArgs) -> anyhow::Result<Option<Tls>> {
+    let mode = match (args.tls, &args.tls_cert) {
+        (Some(TlsModeArg::Off), _) | (None, None) => return Ok(None),
+        (Some(TlsModeArg::Optional), _) => TlsMode::Optional,
+        (Some(TlsModeArg::Require), _) | (None, Some(_)) => TlsMode::Require,
+    };
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        bail!("--tls needs --tls-cert FILE and --tls-key FILE (the server's certificate and private key, PEM)");
+    };
+    let tls = Tls::from_pem_files(cert, key, args.tls_ca.as_deref(), mode)?;
+    Ok(Some(tls))
+}
+
+fn print_uris(volumes: &[VolumeInfo], addrs: &[ListenAddr], tls: bool) -> anyhow::Result<()> {
+    let s = if tls { "s" } else { "" };
     for addr in addrs {
         for v in volumes {
             match addr {
                 ListenAddr::Unix(path) => {
-                    println!("nbd+unix:///{}?socket={}", v.name, path.display())
+                    println!("nbd{s}+unix:///{}?socket={}", v.name, path.display())
                 }
-                ListenAddr::Tcp(sa) => println!("nbd://{sa}/{}", v.name),
+                ListenAddr::Tcp(sa) => println!("nbd{s}://{sa}/{}", v.name),
             }
         }
         if volumes.is_empty() {

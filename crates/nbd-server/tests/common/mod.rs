@@ -16,7 +16,7 @@ use std::process::Output;
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use nbd_server::{ExportProvider, ListenAddr, Server, ServerConfig};
+use nbd_server::{ExportProvider, ListenAddr, Server, ServerConfig, Tls};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -50,13 +50,29 @@ impl TestServer {
         provider: Arc<P>,
         config: ServerConfig,
     ) -> TestServer {
+        Self::start_full(provider, config, None).await
+    }
+
+    /// A server offering TLS.
+    pub async fn start_tls<P: ExportProvider>(provider: Arc<P>, tls: Tls) -> TestServer {
+        Self::start_full(provider, ServerConfig::default(), Some(tls)).await
+    }
+
+    async fn start_full<P: ExportProvider>(
+        provider: Arc<P>,
+        config: ServerConfig,
+        tls: Option<Tls>,
+    ) -> TestServer {
         init_logging();
         let dir = tempfile::tempdir().unwrap();
         let requested = [
             ListenAddr::Unix(dir.path().join("nbd.sock")),
             "tcp:127.0.0.1:0".parse().unwrap(),
         ];
-        let server = Server::bind(provider, &requested, config).await.unwrap();
+        let mut server = Server::bind(provider, &requested, config).await.unwrap();
+        if let Some(tls) = tls {
+            server = server.with_tls(tls);
+        }
         let addrs = server.local_addrs();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async {

@@ -91,6 +91,47 @@ impl RawClient {
         (client, HangUpWatch::Tcp(watch))
     }
 
+    /// Runs the TLS handshake (after STARTTLS was acknowledged), trusting
+    /// the CA in `ca_pem`, optionally presenting a client certificate;
+    /// the rest of the connection runs inside TLS.
+    pub async fn upgrade_tls(
+        &mut self,
+        ca_pem: &Path,
+        client: Option<(&Path, &Path)>,
+    ) -> std::io::Result<()> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_pem).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match client {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .unwrap()
+                    .map(|c| c.unwrap())
+                    .collect();
+                let key = PrivateKeyDer::from_pem_file(key).unwrap();
+                builder.with_client_auth_cert(chain, key).unwrap()
+            }
+        };
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let name = ServerName::try_from("localhost").unwrap();
+        let plain = std::mem::replace(&mut self.stream, Box::pin(tokio::io::duplex(1).0));
+        let mut tls = connector.connect(name, plain).await?;
+        // TLS 1.3 reports a refused client certificate only on the first
+        // read after the handshake; callers see it on their next read.
+        tls.flush().await?;
+        self.stream = Box::pin(tls);
+        Ok(())
+    }
+
     /// Reads the greeting and answers with fixed newstyle + no zeroes.
     pub async fn greet(&mut self) {
         let mut greeting = [0u8; GREETING_BYTES];
@@ -148,6 +189,16 @@ impl RawClient {
         base_allocation: bool,
     ) -> (u64, u16) {
         self.greet().await;
+        self.go_greeted(export, structured, base_allocation).await
+    }
+
+    /// `go` on a connection past the greeting (inside TLS, say).
+    pub async fn go_greeted(
+        &mut self,
+        export: &str,
+        structured: bool,
+        base_allocation: bool,
+    ) -> (u64, u16) {
         if structured {
             self.send_option(OPT_STRUCTURED_REPLY, &[]).await;
             assert_eq!(self.read_option_reply().await.0.reply_type, REP_ACK);
