@@ -14,7 +14,7 @@ use crate::config::ServerConfig;
 use crate::device::ExportProvider;
 use crate::export::Export;
 use crate::handshake::{self, Outcome, Security};
-use crate::listen::{Accepted, RawSocket, SplitStream};
+use crate::listen::{Accepted, SplitStream};
 use crate::tls::Tls;
 use crate::transmission::{self, End};
 
@@ -47,7 +47,7 @@ pub(crate) async fn serve<P: ExportProvider>(shared: Arc<Shared<P>>, accepted: A
 async fn serve_stream<P, S>(shared: &Shared<P>, stream: S, id: u64, peer: &str)
 where
     P: ExportProvider,
-    S: SplitStream + RawSocket,
+    S: SplitStream,
 {
     tracing::info!(conn = id, peer, "client connected");
     let mut stop = shared.stop.clone();
@@ -86,7 +86,7 @@ async fn handshake_all<P, S>(
 ) -> io::Result<Negotiated<S, P::Device>>
 where
     P: ExportProvider,
-    S: SplitStream + RawSocket,
+    S: SplitStream,
 {
     let provider = &*shared.provider;
     let security = match &shared.tls {

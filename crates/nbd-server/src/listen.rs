@@ -208,20 +208,6 @@ pub(crate) trait SplitStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn split_owned(self) -> (Self::ReadHalf, Self::WriteHalf);
 }
 
-/// What an accepted socket is, for what TLS wraps: its descriptor (send
-/// queue, linger) and whether it is TCP.
-pub(crate) trait RawSocket: AsRawFd {
-    const TCP: bool;
-}
-
-impl RawSocket for TcpStream {
-    const TCP: bool = true;
-}
-
-impl RawSocket for UnixStream {
-    const TCP: bool = false;
-}
-
 impl SplitStream for TcpStream {
     type ReadHalf = tokio::net::tcp::OwnedReadHalf;
     type WriteHalf = tokio::net::tcp::OwnedWriteHalf;
@@ -267,7 +253,7 @@ impl ReplySocket for tokio::net::unix::OwnedWriteHalf {
 /// yet acknowledged or not yet sent; for a unix stream socket, written but
 /// not yet read by the peer (counting the kernel's buffer overhead).
 #[cfg(target_os = "linux")]
-pub(crate) fn socket_queued_bytes(fd: RawFd) -> Option<u64> {
+fn socket_queued_bytes(fd: RawFd) -> Option<u64> {
     let mut queued_bytes: libc::c_int = 0;
     // SAFETY: SIOCOUTQ (= TIOCOUTQ) stores one int through the pointer,
     // which points to a live c_int; `fd` is an open socket borrowed from
@@ -281,7 +267,7 @@ pub(crate) fn socket_queued_bytes(fd: RawFd) -> Option<u64> {
 
 /// Unknown elsewhere: only writes accepting bytes count as progress.
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn socket_queued_bytes(_fd: RawFd) -> Option<u64> {
+fn socket_queued_bytes(_fd: RawFd) -> Option<u64> {
     None
 }
 
