@@ -24,6 +24,38 @@ pub fn decode_everything(data: &[u8]) {
     decode_cache_file(data);
     decode_diff_file(data);
     decode_snapshot_delta(data);
+    decode_frames(data);
+}
+
+/// A frame record and the bytes after it as a stored frame, with and
+/// without a key; and the bytes as a chunk, which must round-trip.
+pub fn decode_frames(data: &[u8]) {
+    use super::frame::{self, Compression, FramePlace, FrameRecord, SegmentKey};
+    let place = FramePlace {
+        volume_uuid: [1; 16],
+        seq: 2,
+        chunk: 3,
+    };
+    let key = SegmentKey::derive(&[4; 32], &[5; 32]);
+    if data.len() >= frame::FRAME_RECORD_BYTES {
+        if let Ok(rec) = FrameRecord::decode(&data[..frame::FRAME_RECORD_BYTES]) {
+            let stored = &data[frame::FRAME_RECORD_BYTES..];
+            for k in [None, Some(&key)] {
+                if let Ok(chunk) = frame::decode_frame(stored, &rec, 4096, k, &place) {
+                    assert_eq!(chunk.len(), 4096);
+                }
+            }
+        }
+    }
+    let chunk = &data[..data.len().min(frame::FRAME_LOGICAL_BYTES)];
+    if !chunk.is_empty() {
+        for c in [Compression::Lz4, Compression::Zstd { level: 1 }] {
+            let (stored, rec) = frame::encode_frame(chunk, c, Some(&key), &place);
+            assert!(stored.len() <= frame::MAX_STORED_FRAME_BYTES);
+            let back = frame::decode_frame(&stored, &rec, chunk.len(), Some(&key), &place);
+            assert_eq!(back.as_deref(), Ok(chunk));
+        }
+    }
 }
 
 /// A snapshot delta: what decodes re-encodes to the same pieces, sorted,

@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod clone_marker;
 pub mod diff_file;
 pub mod envelope;
+pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod journal;

@@ -1,0 +1,461 @@
+//! Frames: how one 4 KiB chunk of a segment's data area is stored in a
+//! version 2 segment, compressed and/or encrypted (design:
+//! `docs/design/data-at-rest.md`). Pure functions over bytes; the segment
+//! header's frame table holds one `FrameRecord` per chunk.
+//!
+//! ## Frame record (8 bytes, little endian)
+//!
+//! ```text
+//! 0 2  stored length in bytes (at most 4096 + 16)
+//! 2 1  codec: 0 raw, 1 lz4 (block format), 2 zstd
+//! 3 1  zero
+//! 4 4  CRC32C of the stored bytes
+//! ```
+//!
+//! ## Stored bytes
+//!
+//! `codec(chunk)`, kept only when it saves at least an eighth (else raw);
+//! then, for an encrypted volume, AES-256-GCM under the segment's key
+//! (`SegmentKey`: HKDF-SHA256 of the volume's data key and the segment's
+//! random salt), nonce = chunk index, associated data = volume uuid,
+//! segment seq, chunk index and codec, the 16-byte tag appended. The CRC
+//! covers what is stored, so damage is told apart from tampering: a frame
+//! whose CRC matches and whose tag does not was altered or moved.
+
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use ring::hkdf;
+
+use super::bytes::le_u32;
+
+/// Logical bytes per frame (a segment chunk).
+pub const FRAME_LOGICAL_BYTES: usize = 4096;
+pub const FRAME_RECORD_BYTES: usize = 8;
+const TAG_BYTES: usize = 16;
+/// Largest stored frame: raw and encrypted.
+pub const MAX_STORED_FRAME_BYTES: usize = FRAME_LOGICAL_BYTES + TAG_BYTES;
+const HKDF_INFO: &[u8] = b"strata segment v2";
+/// Highest zstd level accepted (above it, compression gets very slow for
+/// little gain on 4 KiB).
+pub const MAX_ZSTD_LEVEL: i32 = 19;
+
+/// How a frame's bytes were compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Raw,
+    Lz4,
+    Zstd,
+}
+
+impl Codec {
+    fn byte(self) -> u8 {
+        match self {
+            Codec::Raw => 0,
+            Codec::Lz4 => 1,
+            Codec::Zstd => 2,
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Codec> {
+        match b {
+            0 => Some(Codec::Raw),
+            1 => Some(Codec::Lz4),
+            2 => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// How new frames are compressed: a volume setting, changeable at any
+/// time (each frame records its codec).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Lz4,
+    Zstd { level: i32 },
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+
+    /// `none`, `lz4`, `zstd` (level 3) or `zstd:LEVEL` (1 to 19).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("compression {s:?}: use none, lz4, zstd or zstd:LEVEL (LEVEL 1 to {MAX_ZSTD_LEVEL})")
+        };
+        match s {
+            "none" => Ok(Compression::None),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd { level: 3 }),
+            _ => {
+                let level = s.strip_prefix("zstd:").ok_or_else(bad)?;
+                let level: i32 = level.parse().map_err(|_| bad())?;
+                if !(1..=MAX_ZSTD_LEVEL).contains(&level) {
+                    return Err(bad());
+                }
+                Ok(Compression::Zstd { level })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Compression::None => write!(f, "none"),
+            Compression::Lz4 => write!(f, "lz4"),
+            Compression::Zstd { level } => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+/// One entry of a segment's frame table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameRecord {
+    pub stored_len: u16,
+    pub codec: Codec,
+    pub crc: u32,
+}
+
+impl FrameRecord {
+    pub fn encode(&self) -> [u8; FRAME_RECORD_BYTES] {
+        let mut b = [0u8; FRAME_RECORD_BYTES];
+        b[0..2].copy_from_slice(&self.stored_len.to_le_bytes());
+        b[2] = self.codec.byte();
+        b[4..8].copy_from_slice(&self.crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<FrameRecord, String> {
+        if b.len() != FRAME_RECORD_BYTES {
+            return Err("frame record truncated".into());
+        }
+        let stored_len = u16::from_le_bytes([b[0], b[1]]);
+        let codec =
+            Codec::from_byte(b[2]).ok_or_else(|| format!("unknown frame codec {}", b[2]))?;
+        if b[3] != 0 {
+            return Err("frame record has unknown flags".into());
+        }
+        if stored_len == 0 || usize::from(stored_len) > MAX_STORED_FRAME_BYTES {
+            return Err(format!("frame of {stored_len} stored bytes"));
+        }
+        Ok(FrameRecord {
+            stored_len,
+            codec,
+            crc: le_u32(&b[4..8]),
+        })
+    }
+}
+
+/// The key of one segment object's frames.
+pub struct SegmentKey(LessSafeKey);
+
+impl std::fmt::Debug for SegmentKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SegmentKey(..)")
+    }
+}
+
+impl SegmentKey {
+    /// HKDF-SHA256 of the volume's data key and the segment's salt.
+    pub fn derive(data_key: &[u8; 32], salt: &[u8; 32]) -> SegmentKey {
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(data_key);
+        let mut key = [0u8; 32];
+        let okm = prk.expand(&[HKDF_INFO], &AES_256_GCM);
+        // Expanding 32 bytes of SHA-256 output cannot fail, nor can making
+        // an AES-256 key of 32 bytes; stay total anyway.
+        let filled = okm.and_then(|okm| okm.fill(&mut key));
+        let unbound = filled.and_then(|()| UnboundKey::new(&AES_256_GCM, &key));
+        let unbound = unbound.unwrap_or_else(|_| unreachable_key());
+        SegmentKey(LessSafeKey::new(unbound))
+    }
+}
+
+#[cold]
+fn unreachable_key() -> UnboundKey {
+    // AES_256_GCM takes any 32 bytes; this is never reached.
+    #[allow(clippy::expect_used)]
+    UnboundKey::new(&AES_256_GCM, &[0u8; 32]).expect("AES-256 key of 32 bytes")
+}
+
+/// Where a frame belongs: what its associated data binds it to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FramePlace {
+    pub volume_uuid: [u8; 16],
+    pub seq: u64,
+    pub chunk: u64,
+}
+
+impl FramePlace {
+    fn nonce(&self) -> Nonce {
+        let mut n = [0u8; 12];
+        n[4..12].copy_from_slice(&self.chunk.to_be_bytes());
+        Nonce::assume_unique_for_key(n)
+    }
+
+    fn aad(&self, codec: Codec) -> [u8; 33] {
+        let mut a = [0u8; 33];
+        a[0..16].copy_from_slice(&self.volume_uuid);
+        a[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        a[24..32].copy_from_slice(&self.chunk.to_le_bytes());
+        a[32] = codec.byte();
+        a
+    }
+}
+
+/// Why a frame was not decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The stored bytes do not match their CRC: damage.
+    Checksum,
+    /// The CRC matched, the tag did not: altered, moved, or another
+    /// volume's frame.
+    Authentication,
+    /// Decoded to something that is not the chunk.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Checksum => write!(f, "frame checksum mismatch (damaged object)"),
+            FrameError::Authentication => write!(
+                f,
+                "frame fails authentication: altered, moved from another place, or another volume's"
+            ),
+            FrameError::Corrupt(detail) => write!(f, "frame does not decode: {detail}"),
+        }
+    }
+}
+
+/// Stores `chunk` (1 to 4096 bytes): compressed as `compression` asks when
+/// that saves an eighth, encrypted under `key` when given.
+pub fn encode_frame(
+    chunk: &[u8],
+    compression: Compression,
+    key: Option<&SegmentKey>,
+    place: &FramePlace,
+) -> (Vec<u8>, FrameRecord) {
+    debug_assert!(!chunk.is_empty() && chunk.len() <= FRAME_LOGICAL_BYTES);
+    let (codec, mut stored) = compress(chunk, compression);
+    if let Some(key) = key {
+        let sealed =
+            key.0
+                .seal_in_place_append_tag(place.nonce(), Aad::from(place.aad(codec)), &mut stored);
+        if sealed.is_err() {
+            // ring fails only for inputs beyond 2^36 bytes.
+            unreachable!("AES-GCM sealing of at most 4 KiB");
+        }
+    }
+    let record = FrameRecord {
+        stored_len: stored.len() as u16,
+        codec,
+        crc: crc32c::crc32c(&stored),
+    };
+    (stored, record)
+}
+
+fn compress(chunk: &[u8], compression: Compression) -> (Codec, Vec<u8>) {
+    let worth = |c: &[u8]| c.len() <= chunk.len() - chunk.len() / 8;
+    match compression {
+        Compression::Lz4 => {
+            let c = lz4_flex::block::compress(chunk);
+            if worth(&c) {
+                return (Codec::Lz4, c);
+            }
+        }
+        Compression::Zstd { level } => {
+            if let Ok(c) = zstd::bulk::compress(chunk, level) {
+                if worth(&c) {
+                    return (Codec::Zstd, c);
+                }
+            }
+        }
+        Compression::None => {}
+    }
+    (Codec::Raw, chunk.to_vec())
+}
+
+/// The chunk of `logical_len` bytes that `stored` holds, verified.
+pub fn decode_frame(
+    stored: &[u8],
+    record: &FrameRecord,
+    logical_len: usize,
+    key: Option<&SegmentKey>,
+    place: &FramePlace,
+) -> Result<Vec<u8>, FrameError> {
+    if logical_len == 0 || logical_len > FRAME_LOGICAL_BYTES {
+        return Err(FrameError::Corrupt(format!(
+            "a chunk of {logical_len} bytes"
+        )));
+    }
+    if stored.len() != usize::from(record.stored_len) || crc32c::crc32c(stored) != record.crc {
+        return Err(FrameError::Checksum);
+    }
+    let mut buf = stored.to_vec();
+    let plain: &[u8] = match key {
+        Some(key) => {
+            let aad = Aad::from(place.aad(record.codec));
+            key.0
+                .open_in_place(place.nonce(), aad, &mut buf)
+                .map_err(|_| FrameError::Authentication)?
+        }
+        None => &buf,
+    };
+    let out = match record.codec {
+        Codec::Raw => plain.to_vec(),
+        Codec::Lz4 => lz4_flex::block::decompress(plain, logical_len)
+            .map_err(|e| FrameError::Corrupt(format!("lz4: {e}")))?,
+        Codec::Zstd => zstd::bulk::decompress(plain, logical_len)
+            .map_err(|e| FrameError::Corrupt(format!("zstd: {e}")))?,
+    };
+    if out.len() != logical_len {
+        return Err(FrameError::Corrupt(format!(
+            "{} bytes where the chunk has {logical_len}",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLACE: FramePlace = FramePlace {
+        volume_uuid: [7; 16],
+        seq: 42,
+        chunk: 9,
+    };
+
+    fn text_chunk() -> Vec<u8> {
+        let line = b"strata keeps volumes as immutable segments in object storage\n";
+        line.iter()
+            .cycle()
+            .take(FRAME_LOGICAL_BYTES)
+            .copied()
+            .collect()
+    }
+
+    fn random_chunk(seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..FRAME_LOGICAL_BYTES)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn key(byte: u8) -> SegmentKey {
+        SegmentKey::derive(&[byte; 32], &[3; 32])
+    }
+
+    #[test]
+    fn every_setting_round_trips_and_text_shrinks() {
+        let k = key(1);
+        for compression in [
+            Compression::None,
+            Compression::Lz4,
+            Compression::Zstd { level: 3 },
+        ] {
+            for key in [None, Some(&k)] {
+                for chunk in [text_chunk(), random_chunk(5), text_chunk()[..100].to_vec()] {
+                    let (stored, rec) = encode_frame(&chunk, compression, key, &PLACE);
+                    let back = decode_frame(&stored, &rec, chunk.len(), key, &PLACE);
+                    assert_eq!(
+                        back.as_deref(),
+                        Ok(&chunk[..]),
+                        "{compression} {}",
+                        key.is_some()
+                    );
+                    let rec2 = FrameRecord::decode(&rec.encode()).unwrap();
+                    assert_eq!(rec2, rec);
+                }
+            }
+            let (stored, rec) = encode_frame(&text_chunk(), compression, None, &PLACE);
+            if compression == Compression::None {
+                assert_eq!((rec.codec, stored.len()), (Codec::Raw, 4096));
+            } else {
+                assert!(stored.len() < 1024, "{compression}: {} bytes", stored.len());
+            }
+            // Incompressible data is stored raw.
+            let (_, rec) = encode_frame(&random_chunk(9), compression, None, &PLACE);
+            assert_eq!(rec.codec, Codec::Raw);
+        }
+    }
+
+    #[test]
+    fn damage_tampering_moves_and_wrong_keys_are_told_apart() {
+        let k = key(1);
+        let (stored, rec) = encode_frame(&text_chunk(), Compression::Lz4, Some(&k), &PLACE);
+        // A flipped bit: the CRC says damage.
+        let mut flipped = stored.clone();
+        flipped[10] ^= 4;
+        let e = decode_frame(&flipped, &rec, 4096, Some(&k), &PLACE);
+        assert_eq!(e, Err(FrameError::Checksum));
+        // Tampered with a matching CRC: the tag says no.
+        let forged = FrameRecord {
+            crc: crc32c::crc32c(&flipped),
+            ..rec
+        };
+        let e = decode_frame(&flipped, &forged, 4096, Some(&k), &PLACE);
+        assert_eq!(e, Err(FrameError::Authentication));
+        // The same frame at another chunk, segment or volume.
+        for other in [
+            FramePlace { chunk: 10, ..PLACE },
+            FramePlace { seq: 43, ..PLACE },
+            FramePlace {
+                volume_uuid: [8; 16],
+                ..PLACE
+            },
+        ] {
+            let e = decode_frame(&stored, &rec, 4096, Some(&k), &other);
+            assert_eq!(e, Err(FrameError::Authentication), "{other:?}");
+        }
+        // Another key, or the codec byte changed to another codec.
+        let e = decode_frame(&stored, &rec, 4096, Some(&key(2)), &PLACE);
+        assert_eq!(e, Err(FrameError::Authentication));
+        let recoded = FrameRecord {
+            codec: Codec::Zstd,
+            ..rec
+        };
+        let e = decode_frame(&stored, &recoded, 4096, Some(&k), &PLACE);
+        assert_eq!(e, Err(FrameError::Authentication));
+    }
+
+    #[test]
+    fn bad_records_and_bad_settings_are_refused_with_a_reason() {
+        let ok = FrameRecord {
+            stored_len: 4096,
+            codec: Codec::Raw,
+            crc: 1,
+        }
+        .encode();
+        for (at, value) in [(2usize, 9u8), (3, 1)] {
+            let mut b = ok;
+            b[at] = value;
+            assert!(FrameRecord::decode(&b).is_err());
+        }
+        let mut big = ok;
+        big[0..2].copy_from_slice(&(MAX_STORED_FRAME_BYTES as u16 + 1).to_le_bytes());
+        assert!(FrameRecord::decode(&big).is_err());
+        // A raw frame of the wrong length, a chunk longer than 4 KiB.
+        let (stored, rec) = encode_frame(&text_chunk(), Compression::None, None, &PLACE);
+        assert!(matches!(
+            decode_frame(&stored, &rec, 100, None, &PLACE),
+            Err(FrameError::Corrupt(_))
+        ));
+        assert!(decode_frame(&stored, &rec, 5000, None, &PLACE).is_err());
+        for good in ["none", "lz4", "zstd", "zstd:1", "zstd:19"] {
+            let c: Compression = good.parse().unwrap();
+            let again: Compression = c.to_string().parse().unwrap();
+            assert_eq!(c, again);
+        }
+        for bad in ["", "gzip", "zstd:0", "zstd:20", "zstd:x", "lz4:1"] {
+            let e = bad.parse::<Compression>().unwrap_err();
+            assert!(e.contains("use none, lz4, zstd"), "{e}");
+        }
+    }
+}
