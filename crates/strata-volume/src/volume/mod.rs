@@ -66,6 +66,8 @@ pub struct VolumeStats {
     pub buffered_bytes: u64,
     pub segments_uploaded: u64,
     pub bytes_uploaded: u64,
+    /// Bytes of WRITEs that were all zeros, recorded as holes instead.
+    pub zero_write_bytes_elided: u64,
     /// Ranged GETs of this volume's segment data (reads and read-ahead).
     pub store_reads: u64,
     pub store_read_bytes: u64,
@@ -119,6 +121,7 @@ pub struct Volume {
     /// The right to write: local lock, lease, epoch (`ownership/`).
     pub(crate) ownership: Ownership,
     pub(crate) segments_uploaded: AtomicU64,
+    pub(crate) zero_write_bytes_elided: AtomicU64,
     pub(crate) bytes_uploaded: AtomicU64,
     pub(crate) gc: GcCounters,
     /// Wakes the background garbage collector (an explicit request).
@@ -218,6 +221,7 @@ impl Volume {
             durable_seq: st.durable_seq,
             buffered_bytes: st.buffered_cost_bytes,
             segments_uploaded: self.segments_uploaded.load(Ordering::Relaxed),
+            zero_write_bytes_elided: self.zero_write_bytes_elided.load(Ordering::Relaxed),
             bytes_uploaded: self.bytes_uploaded.load(Ordering::Relaxed),
             store_reads: reader.gets.load(Ordering::Relaxed),
             store_read_bytes: reader.get_bytes.load(Ordering::Relaxed),

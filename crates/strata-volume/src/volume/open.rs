@@ -55,6 +55,7 @@ impl Volume {
             buffer_pool: Mutex::new(Vec::new()),
             ownership,
             segments_uploaded: AtomicU64::new(0),
+            zero_write_bytes_elided: AtomicU64::new(0),
             bytes_uploaded: AtomicU64::new(0),
             gc: GcCounters::default(),
             gc_wake: Arc::new(Notify::new()),
