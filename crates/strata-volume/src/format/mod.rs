@@ -18,6 +18,7 @@ pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod journal;
+pub mod key_wrap;
 pub mod lease;
 pub mod manifest;
 pub mod segment;
