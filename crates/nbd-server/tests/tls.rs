@@ -291,3 +291,60 @@ async fn optional_serves_plaintext_and_tls_clients() {
     run_ok("nbdinfo", &[&tls_tcp_uri(&s, &s.pki.anonymous_dir)]).await;
     s.server.stop().await;
 }
+
+/// A TLS client that keeps sending large READs and never reads a reply is
+/// closed after the reply stall timeout (the writer sees the socket's send
+/// queue under TLS too), and the server goes on serving others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_that_stops_reading_replies_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::generate(dir.path());
+    let tls =
+        Tls::from_pem_files(&pki.server_cert, &pki.server_key, None, TlsMode::Require).unwrap();
+    let device = Arc::new(MemDevice::new(8 * MIB));
+    let provider = Arc::new(Exports::new().with("mem", "memory", device));
+    let config = nbd_server::ServerConfig {
+        max_request_bytes: MIB as u32,
+        max_in_flight_bytes: 4 * MIB,
+        reply_stall_timeout_ms: 300,
+        ..nbd_server::ServerConfig::default()
+    };
+    let server = TestServer::start_tls_with(provider, tls, config).await;
+    let mut client = RawClient::tcp(server.tcp_addr()).await;
+    client.greet().await;
+    client.send_option(OPT_STARTTLS, &[]).await;
+    client.read_option_reply().await;
+    client.upgrade_tls(&pki.ca_cert, None).await.unwrap();
+    client.go_greeted("mem", false, false).await;
+    let closed = within(20, async {
+        for handle in 0u64.. {
+            let header = RequestHeader {
+                flags: 0,
+                command_type: CMD_READ,
+                handle,
+                offset_bytes: (handle % 8) * MIB,
+                length_bytes: MIB as u32,
+            };
+            let sent =
+                tokio::io::AsyncWriteExt::write_all(&mut client.stream, &header.encode()).await;
+            let flushed = match sent {
+                Ok(()) => tokio::io::AsyncWriteExt::flush(&mut client.stream).await,
+                Err(e) => Err(e),
+            };
+            if flushed.is_err() {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        false
+    })
+    .await;
+    assert!(closed, "the stuck TLS client was never closed");
+    let s = Setup {
+        server,
+        pki,
+        _dir: dir,
+    };
+    run_ok("nbdinfo", &[&tls_tcp_uri(&s, &s.pki.anonymous_dir)]).await;
+    s.server.stop().await;
+}

@@ -58,6 +58,15 @@ impl TestServer {
         Self::start_full(provider, ServerConfig::default(), Some(tls)).await
     }
 
+    /// A server offering TLS, with `config`.
+    pub async fn start_tls_with<P: ExportProvider>(
+        provider: Arc<P>,
+        tls: Tls,
+        config: ServerConfig,
+    ) -> TestServer {
+        Self::start_full(provider, config, Some(tls)).await
+    }
+
     async fn start_full<P: ExportProvider>(
         provider: Arc<P>,
         config: ServerConfig,
