@@ -30,7 +30,7 @@ use super::bytes::le_u32;
 /// Logical bytes per frame (a segment chunk).
 pub const FRAME_LOGICAL_BYTES: usize = 4096;
 pub const FRAME_RECORD_BYTES: usize = 8;
-const TAG_BYTES: usize = 16;
+pub const TAG_BYTES: usize = 16;
 /// Largest stored frame: raw and encrypted.
 pub const MAX_STORED_FRAME_BYTES: usize = FRAME_LOGICAL_BYTES + TAG_BYTES;
 const HKDF_INFO: &[u8] = b"strata segment v2";
@@ -167,6 +167,32 @@ impl SegmentKey {
         let unbound = filled.and_then(|()| UnboundKey::new(&AES_256_GCM, &key));
         let unbound = unbound.unwrap_or_else(|_| unreachable_key());
         SegmentKey(LessSafeKey::new(unbound))
+    }
+}
+
+impl SegmentKey {
+    /// Seals a message of the segment that is not a frame (its entry
+    /// table), at `place` (a chunk index no frame has).
+    pub fn seal_message(&self, place: &FramePlace, buf: &mut Vec<u8>) {
+        let aad = Aad::from(place.aad(Codec::Raw));
+        if self
+            .0
+            .seal_in_place_append_tag(place.nonce(), aad, buf)
+            .is_err()
+        {
+            unreachable!("AES-GCM sealing of a segment table");
+        }
+    }
+
+    /// Opens what `seal_message` sealed at `place`.
+    pub fn open_message<'a>(
+        &self,
+        place: &FramePlace,
+        buf: &'a mut [u8],
+    ) -> Result<&'a [u8], FrameError> {
+        let aad = Aad::from(place.aad(Codec::Raw));
+        let opened = self.0.open_in_place(place.nonce(), aad, buf);
+        opened.map(|b| &*b).map_err(|_| FrameError::Authentication)
     }
 }
 

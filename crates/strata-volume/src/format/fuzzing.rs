@@ -99,7 +99,8 @@ pub fn decode_segment(data: &[u8]) {
     let end = (fixed.header_bytes as usize).min(data.len());
     let tables = data.get(FIXED_HEADER_BYTES..end).unwrap_or_default();
     for volume_size_bytes in [0, 1 << 20, u64::MAX] {
-        let Ok((idx, entries)) = SegmentIndex::decode_tables(fixed, tables, volume_size_bytes)
+        let Ok((idx, entries)) =
+            SegmentIndex::decode_tables(fixed, tables, volume_size_bytes, None)
         else {
             continue;
         };

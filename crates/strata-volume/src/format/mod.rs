@@ -22,6 +22,7 @@ pub mod key_wrap;
 pub mod lease;
 pub mod manifest;
 pub mod segment;
+pub mod segment_frames;
 pub mod snapshot_delta;
 
 #[cfg(test)]

@@ -204,7 +204,7 @@ fn truncated_or_flipped_objects_are_rejected() {
     let seg = valid_segment();
     let fixed = FixedHeader::decode(&seg).unwrap();
     let tables = &seg[FIXED_HEADER_BYTES..fixed.header_bytes as usize];
-    assert!(SegmentIndex::decode_tables(fixed, tables, 1 << 30).is_ok());
+    assert!(SegmentIndex::decode_tables(fixed, tables, 1 << 30, None).is_ok());
     for cut in 0..FIXED_HEADER_BYTES {
         assert!(
             FixedHeader::decode(&seg[..cut]).is_err(),
@@ -212,7 +212,7 @@ fn truncated_or_flipped_objects_are_rejected() {
         );
     }
     for cut in 0..tables.len() {
-        assert!(SegmentIndex::decode_tables(fixed, &tables[..cut], 1 << 30).is_err());
+        assert!(SegmentIndex::decode_tables(fixed, &tables[..cut], 1 << 30, None).is_err());
     }
     let ckpt = valid_checkpoint();
     for cut in 0..ckpt.len() {

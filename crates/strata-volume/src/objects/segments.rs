@@ -55,5 +55,5 @@ pub(crate) async fn fetch_segment_header(
         )
         .await
         .map_err(store_error(store, "read", &path))?;
-    SegmentIndex::decode_tables(fixed, &tables, volume_size_bytes).map_err(corrupt)
+    SegmentIndex::decode_tables(fixed, &tables, volume_size_bytes, None).map_err(corrupt)
 }

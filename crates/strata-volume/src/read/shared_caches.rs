@@ -329,7 +329,7 @@ fn prefetched_budget_bytes(config: &VolumeConfig) -> u64 {
 
 /// What a segment index costs in the index cache.
 pub(crate) fn index_cost_bytes(idx: &SegmentIndex) -> u64 {
-    4 * idx.chunk_crcs.len() as u64 + 256
+    idx.table_cost_bytes() + 256
 }
 
 /// Widens a run of chunks to the disk cache's blocks (so a small read miss

@@ -126,7 +126,7 @@ impl Volume {
 fn decode_index(header: &[u8], volume_size_bytes: u64) -> Option<SegmentIndex> {
     let fixed = FixedHeader::decode(header).ok()?;
     let tables = header.get(FIXED_HEADER_BYTES..fixed.header_bytes as usize)?;
-    SegmentIndex::decode_tables(fixed, tables, volume_size_bytes)
+    SegmentIndex::decode_tables(fixed, tables, volume_size_bytes, None)
         .ok()
         .map(|(idx, _)| idx)
 }

@@ -161,7 +161,7 @@ mod tests {
             (7, 1, 3)
         );
         let (idx, entries) =
-            SegmentIndex::decode_tables(fixed, &h[FIXED_HEADER_BYTES..], 1 << 30).unwrap();
+            SegmentIndex::decode_tables(fixed, &h[FIXED_HEADER_BYTES..], 1 << 30, None).unwrap();
         assert_eq!(entries, sealed.entries);
         assert!(idx.verify(0, &sealed.data).is_ok());
         assert_eq!(sealed.data_bytes().len(), 10000);

@@ -1,0 +1,161 @@
+//! The frame table of a version 2 segment (`segment.rs` has the header
+//! around it, `frame.rs` one frame): where each chunk's frame lies in the
+//! data area, how to check it, and turning a run of stored frames back
+//! into the chunks' bytes.
+//!
+//! ## Tables of a version 2 segment (after the 104-byte fixed header)
+//!
+//! ```text
+//! chunk_count x 8   frame records (`frame.rs`), in chunk order; frames
+//!                   are stored back to back in the data area
+//! 32                salt: the segment key is HKDF(data key, salt);
+//!                   zero when the segment is not encrypted
+//! entry table       entry_count x 32 as in version 1; encrypted segments:
+//!                   sealed as one message (+16 bytes of tag) at chunk
+//!                   index `ENTRY_TABLE_INDEX`
+//! ```
+
+use std::ops::Range;
+
+use super::frame::{
+    decode_frame, encode_frame, Compression, FramePlace, FrameRecord, SegmentKey,
+    FRAME_LOGICAL_BYTES, FRAME_RECORD_BYTES,
+};
+
+pub const SALT_BYTES: usize = 32;
+/// The chunk index the entry table is sealed at (no frame has it).
+pub const ENTRY_TABLE_INDEX: u64 = u64::MAX;
+
+/// Where each chunk's frame lies, and the key to open them (encrypted
+/// segments).
+#[derive(Debug)]
+pub struct FrameTable {
+    records: Vec<FrameRecord>,
+    /// End of each frame in the data area (start of the next).
+    ends: Vec<u64>,
+    pub salt: [u8; SALT_BYTES],
+    key: Option<SegmentKey>,
+    data_bytes: u64,
+    volume_uuid: [u8; 16],
+    seq: u64,
+}
+
+impl FrameTable {
+    /// Decodes `chunk_count` records and the salt from `tables`.
+    pub fn decode(
+        tables: &[u8],
+        chunk_count: u32,
+        data_bytes: u64,
+        volume_uuid: [u8; 16],
+        seq: u64,
+    ) -> Result<FrameTable, String> {
+        let n = chunk_count as usize * FRAME_RECORD_BYTES;
+        let (records_raw, rest) = tables
+            .split_at_checked(n)
+            .ok_or("segment frame table truncated")?;
+        let salt = rest
+            .get(..SALT_BYTES)
+            .ok_or("segment salt truncated")?
+            .try_into()
+            .map_err(|_| "segment salt truncated")?;
+        let mut records = Vec::with_capacity(chunk_count as usize);
+        let mut ends = Vec::with_capacity(chunk_count as usize);
+        let mut end = 0u64;
+        for raw in records_raw.chunks_exact(FRAME_RECORD_BYTES) {
+            let r = FrameRecord::decode(raw)?;
+            end += u64::from(r.stored_len);
+            records.push(r);
+            ends.push(end);
+        }
+        Ok(FrameTable {
+            records,
+            ends,
+            salt,
+            key: None,
+            data_bytes,
+            volume_uuid,
+            seq,
+        })
+    }
+
+    /// Keeps the segment's key (derived from the volume's data key and
+    /// this segment's salt) for decoding frames.
+    pub fn set_key(&mut self, key: SegmentKey) {
+        self.key = Some(key);
+    }
+
+    /// Bytes the frames take in the data area.
+    pub fn stored_bytes(&self) -> u64 {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    /// Memory this table holds, for the index cache's budget.
+    pub fn cost_bytes(&self) -> u64 {
+        (self.records.len() * (std::mem::size_of::<FrameRecord>() + 8)) as u64
+    }
+
+    /// Byte range in the data area of chunks `[first, last]`.
+    pub fn range(&self, first: u64, last: u64) -> Range<u64> {
+        let start = match first {
+            0 => 0,
+            f => self.ends.get(f as usize - 1).copied().unwrap_or(0),
+        };
+        let end = self.ends.get(last as usize).copied().unwrap_or(start);
+        start..end
+    }
+
+    /// The logical bytes of the chunks whose stored frames `stored` holds,
+    /// from chunk `first` on, each verified (and opened, if encrypted).
+    pub fn decode_run(&self, first: u64, stored: &[u8]) -> Result<Vec<u8>, String> {
+        let mut out = Vec::with_capacity(stored.len().max(FRAME_LOGICAL_BYTES));
+        let mut at = 0usize;
+        let mut chunk = first;
+        while at < stored.len() {
+            let record = self
+                .records
+                .get(chunk as usize)
+                .ok_or("frame past the segment's end")?;
+            let len = usize::from(record.stored_len);
+            let frame = stored
+                .get(at..at + len)
+                .ok_or_else(|| format!("frame of chunk {chunk} cut short"))?;
+            let logical = (self.data_bytes - chunk * FRAME_LOGICAL_BYTES as u64)
+                .min(FRAME_LOGICAL_BYTES as u64) as usize;
+            let place = FramePlace {
+                volume_uuid: self.volume_uuid,
+                seq: self.seq,
+                chunk,
+            };
+            let plain = decode_frame(frame, record, logical, self.key.as_ref(), &place)
+                .map_err(|e| format!("chunk {chunk}: {e}"))?;
+            out.extend_from_slice(&plain);
+            at += len;
+            chunk += 1;
+        }
+        Ok(out)
+    }
+}
+
+/// The frames of `data` (a segment's logical data area): the records for
+/// the table, and the stored bytes of the data area.
+pub fn encode_frames(
+    data: &[u8],
+    compression: Compression,
+    key: Option<&SegmentKey>,
+    volume_uuid: [u8; 16],
+    seq: u64,
+) -> (Vec<FrameRecord>, Vec<u8>) {
+    let mut records = Vec::with_capacity(data.len().div_ceil(FRAME_LOGICAL_BYTES));
+    let mut stored = Vec::with_capacity(data.len());
+    for (i, chunk) in data.chunks(FRAME_LOGICAL_BYTES).enumerate() {
+        let place = FramePlace {
+            volume_uuid,
+            seq,
+            chunk: i as u64,
+        };
+        let (bytes, record) = encode_frame(chunk, compression, key, &place);
+        stored.extend_from_slice(&bytes);
+        records.push(record);
+    }
+    (records, stored)
+}
