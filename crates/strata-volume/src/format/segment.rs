@@ -250,8 +250,8 @@ impl FixedHeader {
 enum ChunkTable {
     /// Version 1: raw chunks, a CRC each.
     Crcs(Vec<u32>),
-    /// Version 2: a frame each.
-    Frames(FrameTable),
+    /// Version 2: a frame each (boxed: the AES key schedule is large).
+    Frames(Box<FrameTable>),
 }
 
 /// What reading a segment needs: where data starts and how each chunk is
@@ -284,7 +284,7 @@ impl SegmentIndex {
             (ChunkTable::Crcs(crcs), Cow::Borrowed(&tables[crc_bytes..]))
         } else {
             let (frames, entries) = frames_and_entries(&fixed, tables, data_key)?;
-            (ChunkTable::Frames(frames), entries)
+            (ChunkTable::Frames(Box::new(frames)), entries)
         };
         let mut entries = Vec::with_capacity(fixed.entry_count as usize);
         for e in entry_bytes.chunks_exact(ENTRY_BYTES) {
