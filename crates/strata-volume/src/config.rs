@@ -4,8 +4,11 @@
 //! Depends only on `format/` (for layout minimums); every folder may use it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use crate::format::frame::Compression;
 use crate::format::journal::MIN_RING_BYTES;
+use crate::format::key_wrap::Key;
 
 const MIB: u64 = 1 << 20;
 
@@ -67,6 +70,12 @@ pub struct VolumeConfig {
     pub durability: Durability,
     /// Garbage collection (`gc/`).
     pub gc: GcConfig,
+    /// How volumes created through this engine compress their data (each
+    /// volume keeps its own setting, changeable later).
+    pub compression: Compression,
+    /// The user's key (`at_rest/`): opens encrypted volumes, and volumes
+    /// created while it is set are encrypted under it.
+    pub key: Option<Arc<Key>>,
 }
 
 /// Garbage collection settings. The defaults need no tuning: GC copies only
@@ -140,6 +149,8 @@ impl VolumeConfig {
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             durability: Durability::Local,
             gc: GcConfig::default(),
+            compression: Compression::Lz4,
+            key: None,
         }
     }
 

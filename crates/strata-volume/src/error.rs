@@ -41,6 +41,9 @@ pub enum VolumeError {
     Closed(String),
     #[error("volume {name:?} stopped accepting writes: {detail}")]
     Failed { name: String, detail: String },
+    /// An encrypted volume's key is missing or wrong.
+    #[error("volume {volume:?}: {detail}")]
+    Key { volume: String, detail: String },
     /// An administrative operation (snapshot, rollback) did not happen.
     #[error("volume {name:?}: {detail}")]
     NotDone { name: String, detail: String },
@@ -55,6 +58,7 @@ impl VolumeError {
             VolumeError::Invalid(_) => ErrorKind::InvalidInput,
             VolumeError::OutOfRange { .. } => ErrorKind::InvalidInput,
             VolumeError::Busy(_) => ErrorKind::ResourceBusy,
+            VolumeError::Key { .. } => ErrorKind::PermissionDenied,
             _ => ErrorKind::Other,
         }
     }

@@ -14,6 +14,7 @@
 //! engine/        the volumes of a store: open once, create, list, info, delete;
 //!                snapshots by name (`engine/snapshots.rs`)
 //! volume/        the `Volume` type; sequences the folders below for one volume
+//! at_rest/       compression and encryption: settings, keys, segment encoding
 //! gc/            garbage collection: victims, copies, deletions, orphans
 //! recovery/      rebuilding a volume's state from store and journal
 //! write/         journal + group commit, open segment, state, segment PUTs
@@ -26,6 +27,7 @@
 //! config.rs error.rs clock.rs backoff.rs   leaves
 //! ```
 
+mod at_rest;
 mod backoff;
 mod clock;
 mod config;
@@ -43,6 +45,7 @@ mod snapshot;
 mod volume;
 mod write;
 
+pub use at_rest::{generate_key_file, key_from_env, load_key_file, KEY_ENV};
 pub use config::{
     auto_disk_cache_bytes, Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS,
     MIN_LEASE_TTL_MS,
@@ -52,6 +55,8 @@ pub use engine::diffs::DiffSummary;
 pub use engine::images::{ImageSink, ImageSummary};
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
+pub use format::frame::Compression;
+pub use format::key_wrap::Key;
 pub use format::manifest::{
     DeltaRecord, GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord,
 };

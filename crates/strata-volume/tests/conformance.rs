@@ -223,7 +223,7 @@ async fn a_corrupt_segment_is_reported_not_served() {
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     let store = Store::local(&store_dir).unwrap();
-    let engine = Engine::new(store.clone(), small_config(dir.path())).unwrap();
+    let engine = Engine::new(store.clone(), small_config_plain(dir.path())).unwrap();
     engine.create_volume("v", VOLUME_BYTES).await.unwrap();
     let vol = engine.open_volume("v").await.unwrap();
     vol.write(0, &[7u8; 65536], false).await.unwrap();
@@ -234,7 +234,7 @@ async fn a_corrupt_segment_is_reported_not_served() {
     let n = bytes.len();
     bytes[n - 100] ^= 0x55;
     std::fs::write(&seg, &bytes).unwrap();
-    let engine = Engine::new(store, small_config(dir.path())).unwrap();
+    let engine = Engine::new(store, small_config_plain(dir.path())).unwrap();
     let vol = engine.open_volume("v").await.unwrap();
     let mut buf = vec![0u8; 4096];
     vol.read(0, &mut buf).await.unwrap();
@@ -284,7 +284,7 @@ async fn one_writer_per_volume() {
 async fn overwrites_and_trims_become_counted_garbage() {
     // Exact counts of what was written: no collection in between.
     let config = |dir: &Path| {
-        let mut c = small_config(dir);
+        let mut c = small_config_plain(dir);
         c.gc.enabled = false;
         c
     };

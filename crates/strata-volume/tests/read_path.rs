@@ -246,6 +246,9 @@ fn config(dir: &FsPath) -> VolumeConfig {
     c.checkpoint_every_segments = 4;
     // GETs are counted exactly: no background collection (tests call it).
     c.gc.enabled = false;
+    // Byte counts below are of plain segments (`at_rest.rs` counts GETs
+    // of compressed and encrypted ones).
+    c.compression = strata_volume::Compression::None;
     c.gc.grace_ms = 0;
     c
 }

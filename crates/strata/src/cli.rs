@@ -42,6 +42,14 @@ pub struct Cli {
     #[arg(long, global = true, env = "STRATA_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
+    /// Key of encrypted volumes: a file holding 64 hex digits that only its
+    /// owner may read (mode 0600; `strata key generate FILE` makes one).
+    /// The key may instead be given in STRATA_KEY (64 hex digits), never
+    /// as an argument. Volumes created while a key is given are encrypted
+    /// (AES-256-GCM); opening one needs the same key.
+    #[arg(long, global = true, env = "STRATA_KEY_FILE", value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -58,17 +66,57 @@ pub enum Command {
     Snapshot(SnapshotCommand),
     /// Serve every volume of the store over NBD (export name = volume name).
     Serve(Box<ServeArgs>),
+    /// Keys for encrypted volumes.
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Write a new random key to FILE (created with mode 0600; an existing
+    /// file is never overwritten) and print its fingerprint. Keep a copy
+    /// somewhere safe: without it, volumes encrypted under it cannot be
+    /// read by anyone.
+    Generate { file: PathBuf },
+    /// Print the fingerprint of the key given by --key-file or STRATA_KEY
+    /// (`strata volume info` shows the fingerprint a volume wants).
+    Fingerprint,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
-    /// Create an empty volume.
+    /// Create an empty volume. With a key (--key-file or STRATA_KEY), the
+    /// volume is encrypted under it.
     Create {
         /// Volume name: letters, digits, '.', '_', '-' (at most 64).
         name: String,
         /// Size, e.g. 10GiB, 512M, 1T (K/M/G/T are powers of 1024).
         #[arg(long)]
         size: String,
+        /// How data is compressed in the store, per 4 KiB chunk: lz4
+        /// (fast), zstd or zstd:LEVEL (1-19; smaller, slower), none. Data
+        /// that does not shrink is stored as it is; all-zero writes are
+        /// never stored. Changeable later (`volume set-compression`).
+        #[arg(long, default_value = "lz4", value_name = "CODEC")]
+        compression: String,
+    },
+    /// Change how a volume's new data is compressed (lz4, zstd[:LEVEL],
+    /// none); what is stored keeps its compression until GC rewrites it.
+    /// Through the server on this host if it serves the volume.
+    SetCompression {
+        name: String,
+        /// lz4, zstd, zstd:LEVEL (1-19) or none.
+        compression: String,
+    },
+    /// Change the key of an encrypted volume: its data key is wrapped
+    /// again under the new key, in one manifest write (no data is
+    /// rewritten). The current key comes from --key-file or STRATA_KEY.
+    /// Through the server on this host if it serves the volume.
+    Rekey {
+        name: String,
+        /// The new key's file (mode 0600; `strata key generate`).
+        #[arg(long, value_name = "FILE")]
+        new_key_file: PathBuf,
     },
     /// List volumes.
     List {

@@ -12,6 +12,8 @@
 //! {"op":"snapshot_delete","volume":"vm1","snapshot":"s"} -> {"ok":null}
 //! {"op":"resize","volume":"vm1","size_bytes":N,"allow_shrink":false} -> {"ok":OLD_SIZE}
 //! {"op":"flatten","volume":"vm1"}         -> {"ok":BYTES_COPIED}
+//! {"op":"set_compression","volume":"vm1","compression":"zstd:3"} -> {"ok":"lz4"}
+//! {"op":"rekey","volume":"vm1","new_key_file":"/abs/path"} -> {"ok":"FINGERPRINT"}
 //! any error                               -> {"error":"...","not_served":bool}
 //! ```
 //! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
@@ -55,6 +57,16 @@ pub enum Request {
     },
     Flatten {
         volume: String,
+    },
+    SetCompression {
+        volume: String,
+        compression: String,
+    },
+    /// The server reads the new key from this file (an absolute path):
+    /// key material never travels through the socket.
+    Rekey {
+        volume: String,
+        new_key_file: PathBuf,
     },
 }
 
@@ -137,7 +149,9 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
         | Request::SnapshotCreate { volume, .. }
         | Request::SnapshotDelete { volume, .. }
         | Request::Resize { volume, .. }
-        | Request::Flatten { volume } => volume.clone(),
+        | Request::Flatten { volume }
+        | Request::SetCompression { volume, .. }
+        | Request::Rekey { volume, .. } => volume.clone(),
     };
     let Some(vol) = engine.served_or_opening(&volume).await else {
         return Reply::Error {
@@ -171,6 +185,22 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
             .await
             .map(serde_json::Value::from)
             .map_err(anyhow::Error::from),
+        Request::SetCompression { compression, .. } => match compression.parse() {
+            Ok(c) => vol
+                .set_compression(c)
+                .await
+                .map(|previous| serde_json::Value::from(previous.to_string()))
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(anyhow::anyhow!(e)),
+        },
+        Request::Rekey { new_key_file, .. } => match strata_volume::load_key_file(&new_key_file) {
+            Ok(key) => vol
+                .rekey(&key)
+                .await
+                .map(serde_json::Value::from)
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(anyhow::Error::from(e)),
+        },
         Request::SnapshotDelete { snapshot, .. } => {
             let deleted = engine.delete_snapshot(&volume, &snapshot).await;
             deleted

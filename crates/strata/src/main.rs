@@ -18,7 +18,9 @@ use clap::Parser;
 use strata_store::{FaultConfig, LayerConfig, RetryPolicy, Store};
 use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
 
-use crate::cli::{Cli, Command, DurabilityArg, GcArgs, OnOff, OnOffAuto, ServeArgs, VolumeCommand};
+use crate::cli::{
+    Cli, Command, DurabilityArg, GcArgs, KeyCommand, OnOff, OnOffAuto, ServeArgs, VolumeCommand,
+};
 use crate::size::{format_size, size_option};
 
 fn main() -> ExitCode {
@@ -87,6 +89,32 @@ fn layer_config(cli: &Cli) -> anyhow::Result<LayerConfig> {
     })
 }
 
+/// The user's key: --key-file (or STRATA_KEY_FILE), else STRATA_KEY.
+fn user_key(cli: &Cli) -> anyhow::Result<Option<strata_volume::Key>> {
+    match &cli.key_file {
+        Some(path) => Ok(Some(strata_volume::load_key_file(path)?)),
+        None => Ok(strata_volume::key_from_env()?),
+    }
+}
+
+fn key_command(cli: &Cli, cmd: &KeyCommand) -> anyhow::Result<()> {
+    match cmd {
+        KeyCommand::Generate { file } => {
+            let key = strata_volume::generate_key_file(file)?;
+            println!(
+                "wrote a new key to {} (fingerprint {}); keep a copy in a safe place: without it, volumes encrypted under it cannot be read",
+                file.display(),
+                key.fingerprint()
+            );
+        }
+        KeyCommand::Fingerprint => match user_key(cli)? {
+            Some(key) => println!("{}", key.fingerprint()),
+            None => anyhow::bail!("no key given: use --key-file FILE or STRATA_KEY"),
+        },
+    }
+    Ok(())
+}
+
 /// Resolves data dir and store, and builds the engine.
 async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> {
     let data_dir = match &cli.data_dir {
@@ -101,6 +129,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         .await
         .context("cannot open the store")?;
     let mut config = VolumeConfig::new(data_dir);
+    config.key = user_key(cli)?.map(std::sync::Arc::new);
     if let Some(args) = serve {
         config.durability = match args.durability {
             DurabilityArg::Local => Durability::Local,
@@ -163,20 +192,76 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Volume(cmd) => volume_command(&engine(&cli, None).await?, cmd).await,
         Command::Snapshot(cmd) => snapshot_cmd::run(&engine(&cli, None).await?, cmd).await,
         Command::Serve(args) => serve::serve(engine(&cli, Some(args)).await?, args).await,
+        Command::Key(cmd) => key_command(&cli, cmd),
     }
 }
 
 async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<()> {
     match cmd {
-        VolumeCommand::Create { name, size } => {
+        VolumeCommand::Create {
+            name,
+            size,
+            compression,
+        } => {
             let size = size_option("--size", size)?;
-            let m = engine.create_volume(name, size).await?;
+            let compression = compression
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--compression: {e}"))?;
+            let m = engine.create_volume_with(name, size, compression).await?;
+            let encrypted = match &m.encryption {
+                Some(e) => format!(", encrypted (key {})", e.key_fingerprint),
+                None => String::new(),
+            };
             println!(
-                "created volume {} ({}, {} bytes) in {}",
+                "created volume {} ({}, {} bytes, compression {compression}{encrypted}) in {}",
                 m.name,
                 format_size(m.size_bytes),
                 m.size_bytes,
                 engine.store().description()
+            );
+        }
+        VolumeCommand::SetCompression { name, compression } => {
+            let parsed: strata_volume::Compression = compression
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("{e}"))?;
+            let req = control::Request::SetCompression {
+                volume: name.clone(),
+                compression: parsed.to_string(),
+            };
+            let what = format!("set the compression of {name:?}");
+            let command = format!("strata volume set-compression {name} {compression}");
+            let previous =
+                match control::on_serving_server(engine, name, &req, &what, &command).await? {
+                    Some(v) => v.as_str().unwrap_or("?").to_string(),
+                    None => engine
+                        .set_volume_compression(name, parsed)
+                        .await?
+                        .to_string(),
+                };
+            println!("{name}: compression {previous} -> {parsed} (new data from now on)");
+        }
+        VolumeCommand::Rekey { name, new_key_file } => {
+            let new_key = strata_volume::load_key_file(new_key_file)?;
+            if engine.config().key.is_none() {
+                anyhow::bail!(
+                    "rekey needs the volume's current key too: give it with --key-file or STRATA_KEY"
+                );
+            }
+            let path = std::fs::canonicalize(new_key_file)
+                .with_context(|| format!("key file {}", new_key_file.display()))?;
+            let req = control::Request::Rekey {
+                volume: name.clone(),
+                new_key_file: path,
+            };
+            let what = format!("rekey {name:?}");
+            let command = format!("strata volume rekey {name} --new-key-file FILE");
+            let fingerprint =
+                match control::on_serving_server(engine, name, &req, &what, &command).await? {
+                    Some(v) => v.as_str().unwrap_or("?").to_string(),
+                    None => engine.rekey_volume(name, &new_key).await?,
+                };
+            println!(
+                "{name}: data key now wrapped by key {fingerprint}; the old key no longer opens it"
             );
         }
         VolumeCommand::List { json } => {
@@ -213,6 +298,11 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                     v.size_bytes
                 );
                 println!("uuid:        {}", v.uuid);
+                println!("compression: {}", v.compression);
+                match &v.encryption_key_fingerprint {
+                    Some(fp) => println!("encryption:  aes-256-gcm, key fingerprint {fp}"),
+                    None => println!("encryption:  none"),
+                }
                 println!("segments:    {}", v.segments);
                 println!(
                     "stored:      {} ({} bytes)",
@@ -319,14 +409,16 @@ async fn volume_info(engine: &Engine, name: &str) -> anyhow::Result<strata_volum
         volume: name.to_string(),
     };
     let served_here = match control::ask(&engine.config().data_dir, &req).await {
-        Ok(Some(control::Reply::Ok(stats))) => stats["space"]["live_bytes"].as_u64(),
+        Ok(Some(control::Reply::Ok(stats))) => stats["space"]["live_bytes"]
+            .as_u64()
+            .zip(stats["space"]["garbage_bytes"].as_u64()),
         _ => None,
     };
     let mut v = engine.volume_info_with(name, served_here.is_none()).await?;
-    if let Some(live) = served_here {
+    if let Some((live, garbage)) = served_here {
         v.live_bytes = Some(live);
         v.live_as_of = "the serving server".into();
-        v.garbage_bytes = Some(v.stored_bytes.saturating_sub(live));
+        v.garbage_bytes = Some(garbage);
     }
     Ok(v)
 }
@@ -341,6 +433,14 @@ fn print_space_info(v: &strata_volume::VolumeInfo) {
                 v.live_as_of
             );
             println!("garbage:     {} ({garbage} bytes)", format_size(garbage));
+        }
+        (Some(live), None) => {
+            println!(
+                "live:        {} ({live} bytes, as of {})",
+                format_size(live),
+                v.live_as_of
+            );
+            println!("garbage:     known while the volume is served (compressed segments)");
         }
         _ => println!("live:        {}", v.live_as_of),
     }

@@ -15,6 +15,7 @@
 use strata_store::{validate_volume_name, ObjectNames};
 
 use super::{new_manifest, Engine};
+use crate::at_rest::{compression_of, data_key_of, new_volume_at_rest};
 use crate::clock::now_ms;
 use crate::crash_point::crash_point;
 use crate::error::VolumeError;
@@ -63,7 +64,14 @@ impl Engine {
             checkpoint_seq: record.checkpoint_seq,
             prefix: parent_prefix.clone(),
         };
-        let manifest = new_manifest(name, record.size_bytes, Some(parent_record));
+        let mut manifest = new_manifest(name, record.size_bytes, Some(parent_record));
+        // The clone reads the parent's segments: it shares the parent's
+        // data key (so the parent's key must be given) and compression.
+        let kek = self.config.key.as_deref();
+        let parent_key = data_key_of(&pm, kek)?;
+        let compression = compression_of(&pm)?;
+        let clone_kek = parent_key.as_ref().and(kek);
+        new_volume_at_rest(&mut manifest, compression, clone_kek, parent_key.as_ref())?;
         let marker_path = ObjectNames::new(parent).clone_marker(snapshot, name);
         let marker = CloneMarker {
             clone: name.to_string(),

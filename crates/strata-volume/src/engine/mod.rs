@@ -18,10 +18,13 @@ use serde::Serialize;
 use strata_store::{validate_volume_name, ObjectNames, Store};
 use tokio::sync::OnceCell;
 
+use crate::at_rest::{compression_of, new_volume_at_rest};
 use crate::clock::now_ms;
 use crate::config::check_volume_size;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
+use crate::format::frame::Compression;
+use crate::format::key_wrap::Key;
 use crate::format::manifest::{
     GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord,
 };
@@ -48,6 +51,8 @@ pub(crate) fn new_manifest(name: &str, size_bytes: u64, parent: Option<ParentRec
         snapshots: Vec::new(),
         last_rollback: None,
         parent,
+        compression: None,
+        encryption: None,
     }
 }
 
@@ -85,6 +90,10 @@ pub struct VolumeInfo {
     pub last_rollback: Option<RollbackRecord>,
     /// For a clone: the snapshot it was made from.
     pub parent: Option<ParentRecord>,
+    /// How new segments are compressed (`none`, `lz4`, `zstd:LEVEL`).
+    pub compression: String,
+    /// For an encrypted volume: the fingerprint of the key that opens it.
+    pub encryption_key_fingerprint: Option<String>,
 }
 
 /// What `Engine::stats` reports (the `--stats-file` JSON).
@@ -135,14 +144,28 @@ impl Engine {
     }
 
     /// Creates an empty volume; fails if the name is taken.
+    /// Compression is the engine's (`VolumeConfig::compression`); with the
+    /// engine's key set, the volume is encrypted under it.
     pub async fn create_volume(
         &self,
         name: &str,
         size_bytes: u64,
     ) -> Result<Manifest, VolumeError> {
+        self.create_volume_with(name, size_bytes, self.config.compression)
+            .await
+    }
+
+    /// Creates an empty volume compressed with `compression`.
+    pub async fn create_volume_with(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        compression: Compression,
+    ) -> Result<Manifest, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         check_volume_size(size_bytes).map_err(VolumeError::Invalid)?;
-        let manifest = new_manifest(name, size_bytes, None);
+        let mut manifest = new_manifest(name, size_bytes, None);
+        new_volume_at_rest(&mut manifest, compression, self.config.key.as_deref(), None)?;
         self.create_manifest(&manifest).await?;
         Ok(manifest)
     }
@@ -239,7 +262,14 @@ impl Engine {
             served_by,
             live_bytes,
             live_as_of,
-            garbage_bytes: live_bytes.map(|l| stored_bytes.saturating_sub(l)),
+            // Compressed segments hold more than their object bytes: their
+            // garbage is known to the server that has them open (its
+            // stats), not from sizes alone.
+            garbage_bytes: live_bytes
+                .filter(|_| compression_of(&m).ok() == Some(Compression::None))
+                .map(|l| stored_bytes.saturating_sub(l)),
+            compression: m.compression.clone().unwrap_or_else(|| "none".into()),
+            encryption_key_fingerprint: m.encryption.as_ref().map(|e| e.key_fingerprint.clone()),
             pending_deletions: m.pending_deletions.len() as u64,
             pending_bytes: m.pending_deletions.iter().map(|p| p.bytes).sum(),
             last_gc: m.last_gc,
@@ -320,6 +350,27 @@ impl Engine {
         .await
     }
 
+    /// Changes the compression of volume `name` (`Volume::set_compression`);
+    /// returns the previous setting.
+    pub async fn set_volume_compression(
+        &self,
+        name: &str,
+        compression: Compression,
+    ) -> Result<Compression, VolumeError> {
+        self.with_volume(
+            name,
+            |vol| async move { vol.set_compression(compression).await },
+        )
+        .await
+    }
+
+    /// Wraps encrypted volume `name`'s data key with `new_key`
+    /// (`Volume::rekey`); returns the new key's fingerprint.
+    pub async fn rekey_volume(&self, name: &str, new_key: &Key) -> Result<String, VolumeError> {
+        self.with_volume(name, |vol| async move { vol.rekey(new_key).await })
+            .await
+    }
+
     /// Flattens clone `name` (`Volume::flatten`); returns the bytes copied.
     pub async fn flatten_volume(&self, name: &str) -> Result<u64, VolumeError> {
         self.with_volume(name, |vol| async move { vol.flatten().await })
@@ -363,8 +414,8 @@ impl Engine {
             )));
         }
         // Refuse while any server holds the volume; hold it while deleting.
-        let (_ownership, manifest, version) =
-            take_ownership(&self.store, &self.config, name).await?;
+        let (_ownership, manifest, version, ()) =
+            take_ownership(&self.store, &self.config, name, |_| Ok(())).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
         self.refuse_if_cloned(&manifest, &version).await?;

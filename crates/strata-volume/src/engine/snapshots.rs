@@ -9,6 +9,7 @@ use std::sync::{Arc, Weak};
 use strata_store::{validate_volume_name, ObjectNames};
 
 use super::Engine;
+use crate::at_rest::data_key_of;
 use crate::error::VolumeError;
 use crate::format::manifest::{validate_snapshot_name, Manifest, RollbackRecord, SnapshotRecord};
 use crate::map::ExtentMap;
@@ -105,7 +106,8 @@ impl Engine {
     ) -> Result<Arc<SnapshotView>, VolumeError> {
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let lineage = resolve_lineage(&self.store, m, false).await?.lineage;
-        let reader = self.caches.reader(&m.name, uuid, &self.store);
+        let key = data_key_of(m, self.config.key.as_deref())?.map(Arc::new);
+        let reader = self.caches.reader(&m.name, uuid, &self.store, key);
         Ok(Arc::new(SnapshotView::new(
             &m.name,
             record,

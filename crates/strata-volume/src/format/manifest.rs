@@ -20,6 +20,10 @@ const MAGIC: &[u8; 8] = b"STRATMAN";
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// Version 2: snapshots, clones.
 const VERSION_SNAPSHOTS: u16 = 2;
+/// Version 3: compression or encryption settings (segments of version 2,
+/// which an older strata cannot read; an encrypted volume must never be
+/// read as if it were plain).
+const VERSION_AT_REST: u16 = 3;
 /// Snapshots a volume may have.
 pub const MAX_SNAPSHOTS: usize = 256;
 
@@ -58,7 +62,31 @@ pub struct Manifest {
     /// its ancestors'), never written, moved or deleted by the clone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentRecord>,
+    /// How new segment data is compressed: `none`, `lz4`, `zstd:LEVEL`
+    /// (`format/frame.rs`). `None` for volumes made before compression
+    /// existed (no compression). Changeable at any time: every frame
+    /// records its codec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
+    /// For an encrypted volume: its data key, wrapped by the user's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionRecord>,
 }
+
+/// How an encrypted volume's data key is kept (`format/key_wrap.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncryptionRecord {
+    /// `aes-256-gcm`, the only cipher this version writes.
+    pub cipher: String,
+    /// The data key wrapped by the key-encryption key (hex).
+    pub wrapped_key: String,
+    /// Which key-encryption key wraps it (`Key::fingerprint`): named in
+    /// the error when another key is given.
+    pub key_fingerprint: String,
+}
+
+/// The one cipher of this version.
+pub const CIPHER_AES_256_GCM: &str = "aes-256-gcm";
 
 /// The snapshot a clone was made from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,7 +204,9 @@ impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         // Serialising a struct of strings and integers cannot fail.
         let body = serde_json::to_vec_pretty(self).unwrap_or_default();
-        let version = if self.snapshots.is_empty() && self.parent.is_none() {
+        let version = if self.compression.is_some() || self.encryption.is_some() {
+            VERSION_AT_REST
+        } else if self.snapshots.is_empty() && self.parent.is_none() {
             1
         } else {
             VERSION_SNAPSHOTS
@@ -186,7 +216,7 @@ impl Manifest {
 
     pub fn decode(b: &[u8]) -> Result<Manifest, String> {
         let (version, body) =
-            envelope::decode_versions(MAGIC, "manifest", VERSION_SNAPSHOTS, MAX_BODY_BYTES, b)?;
+            envelope::decode_versions(MAGIC, "manifest", VERSION_AT_REST, MAX_BODY_BYTES, b)?;
         let m: Manifest =
             serde_json::from_slice(body).map_err(|e| format!("manifest body: {e}"))?;
         m.uuid_bytes()?;
@@ -198,6 +228,21 @@ impl Manifest {
         }
         if version < VERSION_SNAPSHOTS && (!m.snapshots.is_empty() || m.parent.is_some()) {
             return Err("manifest version 1 lists snapshots or a parent".into());
+        }
+        if version < VERSION_AT_REST && (m.compression.is_some() || m.encryption.is_some()) {
+            return Err("manifest version 2 names compression or encryption".into());
+        }
+        if let Some(c) = &m.compression {
+            c.parse::<super::frame::Compression>()
+                .map_err(|e| format!("manifest: {e}"))?;
+        }
+        if let Some(e) = &m.encryption {
+            if e.cipher != CIPHER_AES_256_GCM {
+                return Err(format!(
+                    "manifest: volume encrypted with {:?}, which this strata does not know (upgrade)",
+                    e.cipher
+                ));
+            }
         }
         if let Some(p) = &m.parent {
             strata_store::validate_volume_name(&p.volume)
@@ -260,6 +305,8 @@ mod tests {
             snapshots: Vec::new(),
             last_rollback: None,
             parent: None,
+            compression: None,
+            encryption: None,
         };
         let b = m.encode();
         assert_eq!(&b[8..10], &1u16.to_le_bytes());
@@ -296,6 +343,8 @@ mod tests {
             }],
             last_rollback: None,
             parent: None,
+            compression: None,
+            encryption: None,
         };
         let b = m.encode();
         assert_eq!(&b[8..10], &2u16.to_le_bytes());
@@ -304,8 +353,33 @@ mod tests {
         let old = envelope::decode(MAGIC, "manifest", MAX_BODY_BYTES, &b).unwrap_err();
         assert!(old.contains("version 2"), "{old}");
         let mut future = b.clone();
-        future[8] = 3;
+        future[8] = 4;
         let e = Manifest::decode(&future).unwrap_err();
+        assert!(e.contains("upgrade"), "{e}");
+        // Compression or encryption make version 3; an older strata
+        // (reading up to 2) refuses it, naming the version.
+        let mut at_rest = m.clone();
+        at_rest.compression = Some("lz4".into());
+        let b3 = at_rest.encode();
+        assert_eq!(&b3[8..10], &3u16.to_le_bytes());
+        assert_eq!(Manifest::decode(&b3).unwrap(), at_rest);
+        let old = envelope::decode_versions(MAGIC, "manifest", 2, MAX_BODY_BYTES, &b3).unwrap_err();
+        assert!(old.contains("version 3"), "{old}");
+        let mut v2 = b3.clone();
+        v2[8] = 2;
+        assert!(
+            Manifest::decode(&v2).is_err(),
+            "version 2 naming compression"
+        );
+        at_rest.compression = Some("brotli".into());
+        assert!(Manifest::decode(&at_rest.encode()).is_err());
+        at_rest.compression = None;
+        at_rest.encryption = Some(EncryptionRecord {
+            cipher: "rot13".into(),
+            wrapped_key: String::new(),
+            key_fingerprint: String::new(),
+        });
+        let e = Manifest::decode(&at_rest.encode()).unwrap_err();
         assert!(e.contains("upgrade"), "{e}");
         m.snapshots.push(m.snapshots[0].clone());
         assert!(Manifest::decode(&m.encode()).unwrap_err().contains("twice"));

@@ -115,6 +115,8 @@ fn valid_objects() -> Vec<Vec<u8>> {
         snapshots: Vec::new(),
         last_rollback: None,
         parent: None,
+        compression: None,
+        encryption: None,
     };
     let lease = Lease {
         holder: "h:/d (x)".into(),

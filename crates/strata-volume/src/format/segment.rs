@@ -32,10 +32,12 @@
 //! store, so a corrupt object is reported, never served.
 //!
 //! Version 2 (compressed and/or encrypted chunks, `segment_frames.rs`):
-//! flags bit 0 = encrypted; the chunk CRC table is replaced by a frame
-//! table and a salt, and the data area holds each chunk's frame back to
-//! back. `data_bytes` and `chunk_count` stay logical: map targets and
-//! entries address the logical data area in both versions.
+//! flags bit 0 = encrypted; the tables are a frame table (8 bytes per
+//! chunk: stored length, codec, CRC of the stored frame), a salt, then the
+//! chunk CRC table (of logical bytes) and the entry table, those two sealed
+//! as one AEAD message when encrypted. The data area holds each chunk's
+//! frame back to back. `data_bytes` and `chunk_count` stay logical: map
+//! targets and entries address the logical data area in both versions.
 
 use std::borrow::Cow;
 
@@ -238,28 +240,23 @@ impl FixedHeader {
             0
         };
         FIXED_HEADER_BYTES as u64
-            + FRAME_RECORD_BYTES as u64 * chunks
+            + (FRAME_RECORD_BYTES as u64 + 4) * chunks
             + SALT_BYTES as u64
             + entries
             + tag
     }
 }
 
-/// How a segment's chunks are checked and decoded.
-#[derive(Debug)]
-enum ChunkTable {
-    /// Version 1: raw chunks, a CRC each.
-    Crcs(Vec<u32>),
-    /// Version 2: a frame each (boxed: the AES key schedule is large).
-    Frames(Box<FrameTable>),
-}
-
-/// What reading a segment needs: where data starts and how each chunk is
-/// checked (and decoded).
+/// What reading a segment needs: where data starts, the CRC of each
+/// chunk's logical bytes (both versions: reads from the local disk cache
+/// are checked against them), and for version 2 the frame table.
 #[derive(Debug)]
 pub struct SegmentIndex {
     pub fixed: FixedHeader,
-    chunks: ChunkTable,
+    crcs: Vec<u32>,
+    /// Version 2: where each chunk's frame lies and how to open it (boxed:
+    /// the AES key schedule is large).
+    frames: Option<Box<FrameTable>>,
 }
 
 impl SegmentIndex {
@@ -278,27 +275,42 @@ impl SegmentIndex {
         if crc32c::crc32c(tables) != fixed.tables_crc {
             return Err("segment tables checksum mismatch".into());
         }
-        let (chunks, entry_bytes) = if fixed.version == VERSION {
-            let crc_bytes = 4 * fixed.chunk_count as usize;
-            let crcs = tables[..crc_bytes].chunks_exact(4).map(le_u32).collect();
-            (ChunkTable::Crcs(crcs), Cow::Borrowed(&tables[crc_bytes..]))
+        let (frames, crcs_and_entries) = if fixed.version == VERSION {
+            (None, Cow::Borrowed(tables))
         } else {
-            let (frames, entries) = frames_and_entries(&fixed, tables, data_key)?;
-            (ChunkTable::Frames(Box::new(frames)), entries)
+            let (frames, rest) = frames_and_rest(&fixed, tables, data_key)?;
+            (Some(Box::new(frames)), rest)
         };
+        let crc_bytes = 4 * fixed.chunk_count as usize;
+        let crcs = crcs_and_entries[..crc_bytes]
+            .chunks_exact(4)
+            .map(le_u32)
+            .collect();
         let mut entries = Vec::with_capacity(fixed.entry_count as usize);
-        for e in entry_bytes.chunks_exact(ENTRY_BYTES) {
+        for e in crcs_and_entries[crc_bytes..].chunks_exact(ENTRY_BYTES) {
             entries.push(decode_entry(e, &fixed, volume_size_bytes)?);
         }
-        Ok((SegmentIndex { fixed, chunks }, entries))
+        Ok((
+            SegmentIndex {
+                fixed,
+                crcs,
+                frames,
+            },
+            entries,
+        ))
     }
 
     /// Memory the index holds beyond its fixed part.
     pub fn table_cost_bytes(&self) -> u64 {
-        match &self.chunks {
-            ChunkTable::Crcs(c) => 4 * c.len() as u64,
-            ChunkTable::Frames(f) => f.cost_bytes(),
-        }
+        4 * self.crcs.len() as u64 + self.frames.as_ref().map_or(0, |f| f.cost_bytes())
+    }
+
+    /// Bytes the data area takes in the object (frames may be smaller or,
+    /// encrypted, larger than the logical data).
+    pub fn stored_data_bytes(&self) -> u64 {
+        self.frames
+            .as_ref()
+            .map_or(self.fixed.data_bytes, |f| f.stored_bytes())
     }
 
     /// The logical bytes of whole chunks from `first_chunk` on, from what
@@ -309,23 +321,30 @@ impl SegmentIndex {
         first_chunk: u64,
         stored: &'a [u8],
     ) -> Result<Cow<'a, [u8]>, String> {
-        match &self.chunks {
-            ChunkTable::Crcs(_) => self
-                .verify(first_chunk, stored)
-                .map(|()| Cow::Borrowed(stored)),
-            ChunkTable::Frames(f) => f.decode_run(first_chunk, stored).map(Cow::Owned),
-        }
+        let Some(frames) = &self.frames else {
+            self.verify(first_chunk, stored)?;
+            return Ok(Cow::Borrowed(stored));
+        };
+        let plain = frames.decode_run(first_chunk, stored)?;
+        // The frame's own CRC and tag passed: a mismatch here is a codec
+        // fault or a forged table, never served either way.
+        self.verify(first_chunk, &plain)?;
+        Ok(Cow::Owned(plain))
     }
 
-    /// Checks `bytes`, which hold whole chunks from chunk `first_chunk` on.
-    /// (Version 1 only: version 2 chunks are checked by `decode_run`.)
+    /// Whether chunks are stored as frames (version 2): stored bytes must
+    /// go through `decode_run`.
+    pub fn has_frames(&self) -> bool {
+        self.frames.is_some()
+    }
+
+    /// Checks logical `bytes`, which hold whole chunks from chunk
+    /// `first_chunk` on, against their CRCs.
     pub fn verify(&self, first_chunk: u64, bytes: &[u8]) -> Result<(), String> {
-        let ChunkTable::Crcs(crcs) = &self.chunks else {
-            return Err("a version 2 segment's chunks are checked as frames".into());
-        };
         for (i, chunk) in bytes.chunks(CHUNK_BYTES as usize).enumerate() {
             let idx = first_chunk as usize + i;
-            let want = crcs
+            let want = self
+                .crcs
                 .get(idx)
                 .copied()
                 .ok_or("chunk index past the segment's end")?;
@@ -339,16 +358,15 @@ impl SegmentIndex {
         Ok(())
     }
 
-    /// Byte range in the object of chunks `[first, last]`.
+    /// Byte range in the object of chunks `[first, last]` as stored.
     pub fn chunk_range(&self, first: u64, last: u64) -> std::ops::Range<u64> {
         let base = u64::from(self.fixed.header_bytes);
-        if let ChunkTable::Frames(f) = &self.chunks {
+        if let Some(f) = &self.frames {
             let r = f.range(first, last);
             return base + r.start..base + r.end;
         }
-        let start = u64::from(self.fixed.header_bytes) + first * CHUNK_BYTES;
-        let end = (u64::from(self.fixed.header_bytes) + (last + 1) * CHUNK_BYTES)
-            .min(u64::from(self.fixed.header_bytes) + self.fixed.data_bytes);
+        let start = base + first * CHUNK_BYTES;
+        let end = (base + (last + 1) * CHUNK_BYTES).min(base + self.fixed.data_bytes);
         start..end
     }
 }
@@ -382,8 +400,9 @@ fn decode_entry(e: &[u8], fixed: &FixedHeader, volume_size_bytes: u64) -> Result
     Ok(entry)
 }
 
-/// A version 2 segment's frame table, and its entry table in the clear.
-fn frames_and_entries<'a>(
+/// A version 2 segment's frame table, and its chunk CRC and entry tables
+/// in the clear.
+fn frames_and_rest<'a>(
     fixed: &FixedHeader,
     tables: &'a [u8],
     data_key: Option<&[u8; 32]>,
@@ -395,10 +414,10 @@ fn frames_and_entries<'a>(
         fixed.volume_uuid,
         fixed.seq,
     )?;
-    let entries_at = FRAME_RECORD_BYTES * fixed.chunk_count as usize + SALT_BYTES;
-    let entries = &tables[entries_at..];
+    let sealed_at = FRAME_RECORD_BYTES * fixed.chunk_count as usize + SALT_BYTES;
+    let sealed = &tables[sealed_at..];
     if !fixed.encrypted() {
-        return Ok((frames, Cow::Borrowed(entries)));
+        return Ok((frames, Cow::Borrowed(sealed)));
     }
     let Some(data_key) = data_key else {
         return Err(format!(
@@ -412,10 +431,10 @@ fn frames_and_entries<'a>(
         seq: fixed.seq,
         chunk: ENTRY_TABLE_INDEX,
     };
-    let mut sealed = entries.to_vec();
+    let mut buf = sealed.to_vec();
     let plain = key
-        .open_message(&place, &mut sealed)
-        .map_err(|e| format!("segment entry table: {e}"))?
+        .open_message(&place, &mut buf)
+        .map_err(|e| format!("segment tables: {e}"))?
         .to_vec();
     frames.set_key(key);
     Ok((frames, Cow::Owned(plain)))
@@ -449,7 +468,11 @@ pub fn encode_segment_v2(
         *volume_uuid,
         seq,
     );
-    let mut entry_table = Vec::with_capacity(ENTRY_BYTES * entries.len() + TAG_BYTES);
+    let mut entry_table =
+        Vec::with_capacity(4 * records.len() + ENTRY_BYTES * entries.len() + TAG_BYTES);
+    for chunk in data.chunks(CHUNK_BYTES as usize) {
+        entry_table.extend_from_slice(&crc32c::crc32c(chunk).to_le_bytes());
+    }
     for e in entries {
         encode_entry(&mut entry_table, e);
     }
@@ -703,8 +726,10 @@ mod tests {
         bad[3] ^= 1;
         let e = idx.decode_run(0, &bad).unwrap_err();
         assert!(e.contains("checksum"), "{e}");
-        // Version 1 calls on version 2 refuse, version 3 is for a newer strata.
+        // Stored frames are not logical chunks; version 3 is for a newer
+        // strata.
         assert!(idx.verify(0, &stored).is_err());
+        assert!(idx.verify(0, &data).is_ok());
         let mut v3 = h.clone();
         v3[8] = 3;
         let crc = crc32c::crc32c(&v3[0..100]);

@@ -10,10 +10,15 @@
 //!                   are stored back to back in the data area
 //! 32                salt: the segment key is HKDF(data key, salt);
 //!                   zero when the segment is not encrypted
-//! entry table       entry_count x 32 as in version 1; encrypted segments:
-//!                   sealed as one message (+16 bytes of tag) at chunk
-//!                   index `ENTRY_TABLE_INDEX`
+//! chunk_count x 4   CRC32C of each chunk's logical bytes (the local
+//!                   disk cache checks what it reads back against them)
+//! entry table       entry_count x 32 as in version 1
 //! ```
+//!
+//! In an encrypted segment the CRC and entry tables are sealed as one AEAD
+//! message (+16 bytes of tag) at chunk index `ENTRY_TABLE_INDEX`: neither
+//! which ranges were written nor a checksum of plaintext (which would let
+//! a bucket reader test guesses of the content) is in the clear.
 
 use std::ops::Range;
 

@@ -119,6 +119,8 @@ mod tests {
             snapshots: Vec::new(),
             last_rollback: None,
             parent: None,
+            compression: None,
+            encryption: None,
         }
     }
 

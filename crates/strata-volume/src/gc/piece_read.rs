@@ -46,7 +46,8 @@ pub(crate) async fn read_live_data(
             .get_range(&path, range)
             .await
             .map_err(store_error(store, "read", &path))?;
-        idx.verify(first_chunk, &bytes)
+        let bytes = idx
+            .decode_run(first_chunk, &bytes)
             .map_err(|detail| VolumeError::Corrupt {
                 path: path.to_string(),
                 detail,

@@ -34,11 +34,14 @@ pub(crate) struct VictimPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Victim {
     pub seq: u64,
+    /// Logical bytes the segment holds (`State::gc_weights`): live and
+    /// stored compare in one unit whether it is compressed or not.
     pub stored_bytes: u64,
     pub live_bytes: u64,
 }
 
-/// Picks victims among `stored` (seq -> object bytes) by `usage`.
+/// Picks victims among `stored` (seq -> logical bytes the segment holds,
+/// `State::gc_weights`) by `usage`.
 pub(crate) fn pick_victims(
     stored: &BTreeMap<u64, u64>,
     usage: &SegmentUsage,

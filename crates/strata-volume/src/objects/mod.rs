@@ -22,6 +22,6 @@ pub(crate) use checkpoints::{read_checkpoint, read_snapshot_map};
 pub(crate) use clone_markers::list_clone_markers;
 pub(crate) use manifests::{read_manifest, read_manifest_versioned};
 pub(crate) use other_prefix::store_for_prefix;
-pub(crate) use segments::{fetch_segment_header, list_segments};
+pub(crate) use segments::{fetch_fixed_header, fetch_segment_header, list_segments};
 pub(crate) use snapshot_deltas::read_snapshot_delta;
 pub(crate) use store_error::store_error;

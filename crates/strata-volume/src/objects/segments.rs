@@ -4,6 +4,7 @@ use strata_store::{ObjectNames, Store};
 
 use super::store_error::store_error;
 use crate::error::VolumeError;
+use crate::format::key_wrap::Key;
 use crate::format::segment::{Entry, FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
 
 /// Sequence numbers and sizes of a volume's stored segments, sorted.
@@ -24,6 +25,24 @@ pub(crate) async fn list_segments(
     Ok(seqs)
 }
 
+/// Fetches and verifies the fixed part of a stored segment's header (one
+/// small ranged GET): its sizes, for garbage collection's weighing.
+pub(crate) async fn fetch_fixed_header(
+    store: &Store,
+    names: &ObjectNames,
+    seq: u64,
+) -> Result<FixedHeader, VolumeError> {
+    let path = names.segment(seq);
+    let head = store
+        .get_range(&path, 0..FIXED_HEADER_BYTES as u64)
+        .await
+        .map_err(store_error(store, "read", &path))?;
+    FixedHeader::decode(&head).map_err(|detail| VolumeError::Corrupt {
+        path: path.to_string(),
+        detail,
+    })
+}
+
 /// Fetches and verifies a stored segment's header and tables (reads need
 /// the chunk CRCs, recovery the entries).
 pub(crate) async fn fetch_segment_header(
@@ -32,6 +51,7 @@ pub(crate) async fn fetch_segment_header(
     seq: u64,
     uuid: [u8; 16],
     volume_size_bytes: u64,
+    data_key: Option<&Key>,
 ) -> Result<(SegmentIndex, Vec<Entry>), VolumeError> {
     let path = names.segment(seq);
     let corrupt = |detail: String| VolumeError::Corrupt {
@@ -55,5 +75,6 @@ pub(crate) async fn fetch_segment_header(
         )
         .await
         .map_err(store_error(store, "read", &path))?;
-    SegmentIndex::decode_tables(fixed, &tables, volume_size_bytes, None).map_err(corrupt)
+    let key = data_key.map(Key::bytes);
+    SegmentIndex::decode_tables(fixed, &tables, volume_size_bytes, key).map_err(corrupt)
 }

@@ -15,12 +15,16 @@ use crate::objects::{read_manifest_versioned, store_error};
 
 /// Takes the local lock, the store lease and a new epoch of volume `name`
 /// (see `lease.rs`). Returns the manifest as written with the new epoch.
-pub(crate) async fn take_ownership(
+pub(crate) async fn take_ownership<T>(
     store: &Store,
     config: &VolumeConfig,
     name: &str,
-) -> Result<(Ownership, Manifest, UpdateVersion), VolumeError> {
+    check: impl FnOnce(&Manifest) -> Result<T, VolumeError>,
+) -> Result<(Ownership, Manifest, UpdateVersion, T), VolumeError> {
     let (mut manifest, mut version) = read_manifest_versioned(store, name).await?;
+    // Before anything changes (the lease, the epoch): a volume this server
+    // cannot open (say, without its key) is left as it was.
+    let checked = check(&manifest)?;
     let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
     std::fs::create_dir_all(config.journal_dir()).map_err(|source| VolumeError::Io {
         what: format!(
@@ -62,5 +66,5 @@ pub(crate) async fn take_ownership(
         }
     }
     let ownership = Ownership::new(holder, lock, held, sent_at);
-    Ok((ownership, manifest, version))
+    Ok((ownership, manifest, version, checked))
 }

@@ -41,9 +41,12 @@ impl VolumeReader {
             run.clone()
         };
         let range = idx.chunk_range(get.start, get.end - 1);
-        let bytes = self.get_range(caches, seq, range, readahead).await?;
-        idx.verify(get.start, &bytes)
-            .map_err(|d| self.corrupt(seq, d))?;
+        let stored = self.get_range(caches, seq, range, readahead).await?;
+        let bytes = match idx.decode_run(get.start, &stored) {
+            Ok(std::borrow::Cow::Borrowed(_)) => stored,
+            Ok(std::borrow::Cow::Owned(decoded)) => Bytes::from(decoded),
+            Err(d) => return Err(self.corrupt(seq, d)),
+        };
         let fetched = RunBytes {
             first_chunk: get.start,
             bytes,
@@ -127,7 +130,7 @@ impl VolumeReader {
         caches.counters.header_gets.fetch_add(2, Ordering::Relaxed);
         let (idx, _) =
             // Any size the volume ever had: a segment may predate a shrink.
-            fetch_segment_header(&self.store, &self.names, seq, self.uuid, MAX_VOLUME_BYTES)
+            fetch_segment_header(&self.store, &self.names, seq, self.uuid, MAX_VOLUME_BYTES, self.data_key.as_deref())
                 .await
                 .inspect_err(|e| {
                     if matches!(e, VolumeError::Corrupt { .. }) {

@@ -27,6 +27,7 @@ use super::volume_reader::VolumeReader;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::format::cache_file::volume_key;
+use crate::format::key_wrap::Key;
 use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
 
 /// Counters of the store traffic of the read path.
@@ -153,7 +154,14 @@ impl SharedCaches {
 
     /// The read state of volume `name` (instance `uuid`), created on its
     /// first read.
-    pub(crate) fn reader(&self, name: &str, uuid: [u8; 16], store: &Store) -> Arc<VolumeReader> {
+    /// `data_key`: an encrypted volume's (clones share their parent's).
+    pub(crate) fn reader(
+        &self,
+        name: &str,
+        uuid: [u8; 16],
+        store: &Store,
+        data_key: Option<Arc<Key>>,
+    ) -> Arc<VolumeReader> {
         let mut readers = self.readers.lock();
         readers
             .entry(uuid)
@@ -167,6 +175,7 @@ impl SharedCaches {
                     streams: Mutex::new(Streams::default()),
                     gets: AtomicU64::new(0),
                     get_bytes: AtomicU64::new(0),
+                    data_key,
                 })
             })
             .clone()

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -23,6 +24,7 @@ use super::inflight::Claim;
 use super::readahead::Streams;
 use super::shared_caches::SharedCaches;
 use crate::error::VolumeError;
+use crate::format::key_wrap::Key;
 use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
 use crate::objects::store_error;
 
@@ -45,6 +47,8 @@ pub(crate) struct VolumeReader {
     pub streams: Mutex<Streams>,
     pub gets: AtomicU64,
     pub get_bytes: AtomicU64,
+    /// An encrypted volume's data key.
+    pub data_key: Option<Arc<Key>>,
 }
 
 impl VolumeReader {
@@ -172,11 +176,11 @@ impl VolumeReader {
             Some(f) => f.map_err(store_error(&self.store, "read", &path))?,
             None => return Err(self.corrupt(seq, "not a local store".into())),
         };
-        let read_verified = |first: u64, offset: u64, buf: &mut [u8]| {
+        let read_stored = |offset: u64, buf: &mut [u8]| {
             file.read_exact_at(buf, offset)
                 .map_err(store_error(&self.store, "read", &path))?;
             self.count_data_read(caches, buf.len() as u64);
-            idx.verify(first, buf).map_err(|d| self.corrupt(seq, d))
+            Ok::<(), VolumeError>(())
         };
         let mut scratch: Vec<u8> = Vec::new();
         let mut k = 0;
@@ -185,16 +189,20 @@ impl VolumeReader {
             let range = idx.chunk_range(first, last);
             let len = (range.end - range.start) as usize;
             let p = &mut pieces[k];
-            if m == k + 1 && p.offset == first * CHUNK_BYTES && p.dst.len() == len {
-                read_verified(first, range.start, p.dst)?;
+            let whole = p.offset == first * CHUNK_BYTES && p.dst.len() == len;
+            if m == k + 1 && whole && !idx.has_frames() {
+                read_stored(range.start, p.dst)?;
+                idx.verify(first, p.dst).map_err(|d| self.corrupt(seq, d))?;
                 k = m;
                 continue;
             }
             if scratch.len() < len {
                 scratch.resize(len, 0);
             }
-            let bytes = &mut scratch[..len];
-            read_verified(first, range.start, bytes)?;
+            read_stored(range.start, &mut scratch[..len])?;
+            let bytes = idx
+                .decode_run(first, &scratch[..len])
+                .map_err(|d| self.corrupt(seq, d))?;
             for p in &mut pieces[k..m] {
                 let at = (p.offset - first * CHUNK_BYTES) as usize;
                 let src = bytes

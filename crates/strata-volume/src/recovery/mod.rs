@@ -31,6 +31,7 @@ use strata_store::{ObjectNames, Store};
 
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
+use crate::format::key_wrap::Key;
 use crate::format::manifest::Manifest;
 use crate::map::ExtentMap;
 use crate::snapshot::SnapshotPins;
@@ -56,9 +57,10 @@ pub(crate) async fn recover(
     manifest: &Manifest,
     uuid: [u8; 16],
     base_map: Option<(ExtentMap, u64)>,
+    data_key: Option<&Key>,
 ) -> Result<RecoveredVolume, VolumeError> {
     let names = ObjectNames::new(name);
-    let rec = recover_from_store(store, &names, manifest, uuid, base_map).await?;
+    let rec = recover_from_store(store, &names, manifest, uuid, base_map, data_key).await?;
     let jpath = config.journal_path(name, &uuid);
     let (sb, start) = choose_journal(&jpath, config, uuid, rec.span)?;
     let mut state = initial_state(rec, sb.journal_id, config.segment_bytes);
@@ -86,6 +88,7 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
         settling: BTreeMap::new(),
         uploaded: BTreeSet::new(),
         stored: rec.stored,
+        data_sizes: rec.data_sizes,
         buffered_cost_bytes: 0,
         durable_seq: rec.next_seq - 1,
         segments_since_checkpoint: rec.next_seq - 1 - rec.checkpoint_seq,

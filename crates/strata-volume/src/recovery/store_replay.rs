@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use strata_store::{ObjectNames, Store};
 
 use crate::error::VolumeError;
+use crate::format::key_wrap::Key;
 use crate::format::manifest::Manifest;
 use crate::format::segment::{Entry, EntryKind, JournalSpan};
 use crate::map::{ExtentMap, Target};
@@ -21,6 +22,8 @@ pub(crate) struct Recovered {
     pub checkpoint_seq: u64,
     /// Object bytes of the stored segments before `next_seq`.
     pub stored: BTreeMap<u64, u64>,
+    /// Logical data bytes of the segments whose headers were read.
+    pub data_sizes: BTreeMap<u64, u64>,
 }
 
 /// Steps 1 and 2: the checkpoint's map, then every contiguous later
@@ -31,6 +34,7 @@ pub(crate) async fn recover_from_store(
     manifest: &Manifest,
     uuid: [u8; 16],
     base_map: Option<(ExtentMap, u64)>,
+    data_key: Option<&Key>,
 ) -> Result<Recovered, VolumeError> {
     let (mut map, base, mut span) = match (manifest.checkpoint_seq, base_map) {
         (Some(seq), _) => {
@@ -45,14 +49,16 @@ pub(crate) async fn recover_from_store(
     let segments = list_segments(store, names).await?;
     let mut next = base + 1;
     let mut orphans = Vec::new();
+    let mut data_sizes = BTreeMap::new();
     for &(seq, _) in segments.iter().filter(|s| s.0 > base) {
         if seq != next {
             orphans.push(seq);
             continue;
         }
         let (idx, entries) =
-            fetch_segment_header(store, names, seq, uuid, manifest.size_bytes).await?;
+            fetch_segment_header(store, names, seq, uuid, manifest.size_bytes, data_key).await?;
         apply_entries(&mut map, seq, &entries);
+        data_sizes.insert(seq, idx.fixed.data_bytes);
         span = Some(idx.fixed.span);
         next += 1;
     }
@@ -64,6 +70,7 @@ pub(crate) async fn recover_from_store(
         span,
         checkpoint_seq: base,
         stored,
+        data_sizes,
     })
 }
 

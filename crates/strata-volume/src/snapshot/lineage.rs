@@ -86,7 +86,8 @@ impl Lineage {
             .filter(|(_, g)| !g.is_empty())
             .map(|(i, g)| {
                 let reader = match self.ancestors.get(i) {
-                    Some(a) => caches.reader(&a.name, a.uuid, &a.store),
+                    // A clone shares its ancestors' data key.
+                    Some(a) => caches.reader(&a.name, a.uuid, &a.store, own.data_key.clone()),
                     None => own.clone(),
                 };
                 async move { reader.read_pieces(caches, g).await }

@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Volume;
+
+/// Segment headers a GC pass reads at most to learn sizes (`learn_data_sizes`).
+const MAX_SIZE_LOOKUPS_PER_PASS: usize = 64;
 use crate::clock::now_ms;
 use crate::config::MAX_VOLUME_BYTES;
 use crate::crash_point::{crash_point, READ_REWRITE_CRASH_POINT};
@@ -31,7 +34,7 @@ use crate::gc::{
     pending_keys, pick_victims, read_live_data, remove_deleted, repoint, repoint_read,
     rewrite_cost_bytes, GcCounters, GcPassReport, LivePiece, OrphanView, ReadPiece, VictimPolicy,
 };
-use crate::objects::{fetch_segment_header, store_error};
+use crate::objects::{fetch_fixed_header, fetch_segment_header, store_error};
 
 /// Live bytes read and repointed at once (memory of a copy in flight).
 const COPY_BATCH_BYTES: u64 = 4 << 20;
@@ -230,9 +233,10 @@ impl Volume {
         policy: &VictimPolicy,
         report: &mut GcPassReport,
     ) -> Result<(), Stopped> {
+        self.learn_data_sizes().await;
         let victims = {
             let st = self.state.lock();
-            pick_victims(&st.stored, st.map.usage(), &st.pins, policy)
+            pick_victims(&st.gc_weights(), st.map.usage(), &st.pins, policy)
         };
         let started = std::time::Instant::now();
         for v in victims {
@@ -262,9 +266,15 @@ impl Volume {
         seq: u64,
         report: &mut GcPassReport,
     ) -> Result<(), CompactError> {
-        let (idx, entries) =
-            fetch_segment_header(&self.store, &self.names, seq, self.uuid, MAX_VOLUME_BYTES)
-                .await?;
+        let (idx, entries) = fetch_segment_header(
+            &self.store,
+            &self.names,
+            seq,
+            self.uuid,
+            MAX_VOLUME_BYTES,
+            self.at_rest.data_key().map(|k| &**k),
+        )
+        .await?;
         let pieces = live_pieces(&self.state.lock().map, seq, &entries);
         for batch in batches(&pieces) {
             let bytes: u64 = batch.iter().map(|p| p.len).sum();
@@ -300,6 +310,39 @@ impl Volume {
         Ok(())
     }
 
+    /// Learns the logical size of live, unpinned stored segments whose size
+    /// this process does not know yet (stored before it opened the volume:
+    /// a compressed one would otherwise look fuller than it is), a bounded
+    /// number per pass, one small GET each. A failed GET leaves the segment
+    /// weighed by its object size, as before.
+    async fn learn_data_sizes(&self) {
+        let unknown: Vec<u64> = {
+            let st = self.state.lock();
+            let usage = st.map.usage();
+            st.stored
+                .keys()
+                .copied()
+                .filter(|&seq| {
+                    !st.data_sizes.contains_key(&seq)
+                        && !st.pins.is_pinned(seq)
+                        && usage.live_bytes(seq) > 0
+                })
+                .take(MAX_SIZE_LOOKUPS_PER_PASS)
+                .collect()
+        };
+        for seq in unknown {
+            match fetch_fixed_header(&self.store, &self.names, seq).await {
+                Ok(fixed) => {
+                    self.state.lock().data_sizes.insert(seq, fixed.data_bytes);
+                }
+                Err(e) => {
+                    tracing::debug!(volume = %self.name, seq, error = %e, "segment size not learned");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Whether stored bytes exceed live bytes by more than the space target
     /// plus 100% (2.4x by default): then GC stops yielding to writers, or
     /// sustained writes would grow the store without bound.
@@ -313,7 +356,7 @@ impl Volume {
         for (&seq, &bytes) in &st.stored {
             let l = usage.live_bytes(seq);
             if l > 0 {
-                stored += u128::from(bytes);
+                stored += u128::from(st.data_bytes(seq, bytes));
                 live += u128::from(l);
             }
         }
@@ -493,7 +536,10 @@ impl Volume {
         batch
             .iter()
             .map(|p| match p.kind {
-                ObjectKind::Segment => st.stored.remove(&p.seq),
+                ObjectKind::Segment => {
+                    st.data_sizes.remove(&p.seq);
+                    st.stored.remove(&p.seq)
+                }
                 ObjectKind::Checkpoint => None,
             })
             .collect()

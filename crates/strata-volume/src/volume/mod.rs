@@ -26,6 +26,7 @@
 //!
 //! Those files only add methods to `Volume`; none refers to another by path.
 
+mod at_rest;
 mod checkpoint;
 mod close;
 mod flatten;
@@ -46,6 +47,7 @@ use parking_lot::Mutex;
 use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
 
+use crate::at_rest::AtRest;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::gc::{GcCounters, GcStats, Unreferenced};
@@ -132,6 +134,8 @@ pub struct Volume {
     pub(crate) gc_pending: parking_lot::Mutex<(u64, u64)>,
     /// For a clone: the volumes it reads through (`snapshot/lineage.rs`).
     pub(crate) lineage: Lineage,
+    /// Compression and encryption of what it stores (`at_rest/`).
+    pub(crate) at_rest: AtRest,
 }
 
 impl std::fmt::Debug for Volume {
@@ -155,7 +159,8 @@ impl Volume {
 
     /// This volume's read state in the shared caches.
     pub(crate) fn reader(&self) -> Arc<crate::read::VolumeReader> {
-        self.caches.reader(&self.name, self.uuid, &self.store)
+        let key = self.at_rest.data_key().cloned();
+        self.caches.reader(&self.name, self.uuid, &self.store, key)
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<(), VolumeError> {

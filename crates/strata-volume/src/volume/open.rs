@@ -10,6 +10,7 @@ use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
 
 use super::Volume;
+use crate::at_rest::AtRest;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::gc::GcCounters;
@@ -28,11 +29,22 @@ impl Volume {
     ) -> Result<Arc<Volume>, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
         let started = std::time::Instant::now();
-        let (ownership, manifest, manifest_version) = take_ownership(&store, &config, name).await?;
+        let kek = config.key.clone();
+        let (ownership, manifest, manifest_version, at_rest) =
+            take_ownership(&store, &config, name, |m| AtRest::open(m, kek.as_deref())).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let inherited = resolve_lineage(&store, &manifest, true).await?;
-        let mut recovered =
-            recover(&store, &config, name, &manifest, uuid, inherited.base_map).await?;
+        let data_key = at_rest.data_key().cloned();
+        let mut recovered = recover(
+            &store,
+            &config,
+            name,
+            &manifest,
+            uuid,
+            inherited.base_map,
+            data_key.as_deref(),
+        )
+        .await?;
         let lineage = inherited.lineage;
         // A clone never writes, moves or deletes its ancestors' segments.
         recovered.state.pins.inherit_upto(lineage.base_seq());
@@ -62,6 +74,7 @@ impl Volume {
             gc_pass: tokio::sync::Mutex::new(()),
             gc_pending: Mutex::new((0, 0)),
             lineage,
+            at_rest,
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;

@@ -351,7 +351,7 @@ impl Volume {
         }
     }
 
-    fn failed(&self, detail: String) -> VolumeError {
+    pub(crate) fn failed(&self, detail: String) -> VolumeError {
         VolumeError::NotDone {
             name: self.name.clone(),
             detail,

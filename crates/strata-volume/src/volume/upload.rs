@@ -9,8 +9,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{CheckpointJob, Volume};
+use crate::at_rest::encode_sealed;
 use crate::config::MAX_VOLUME_BYTES;
 use crate::crash_point::crash_point;
+use crate::format::key_wrap::Key;
 use crate::format::segment::{FixedHeader, SegmentIndex, FIXED_HEADER_BYTES};
 use crate::read::OnDone;
 use crate::write::open_segment::SealedSegment;
@@ -24,8 +26,19 @@ impl Volume {
         sealed: Arc<SealedSegment>,
         ckpt: Option<CheckpointJob>,
     ) {
-        let header = Bytes::from(sealed.encode_header(&self.uuid));
-        let object_bytes = header.len() as u64 + sealed.data.len() as u64;
+        let (header, stored) = match encode_sealed(&self.at_rest, self.uuid, &sealed).await {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                // Nothing written: the journal still holds the data, and
+                // writes stop until a restart replays it.
+                let detail = format!("segment {} could not be encoded: {e}", sealed.seq);
+                tracing::error!(volume = %self.name, %detail, "segment not uploaded");
+                self.state.lock().failed.get_or_insert(detail);
+                self.space.notify_waiters();
+                return;
+            }
+        };
+        let object_bytes = header.len() as u64 + stored.len() as u64;
         let path = self.names.segment(sealed.seq);
         // Held until the disk cache's writer has room for the data (below):
         // a writer that falls behind slows the uploads rather than lose
@@ -34,14 +47,13 @@ impl Volume {
             return;
         };
         {
-            let data = sealed.data_bytes();
             let put = put_segment(
                 &self.store,
                 &self.ownership,
                 &self.name,
                 &path,
                 &header,
-                &data,
+                &stored,
             );
             if let Err(refused) = put.await {
                 let detail = self.refused(refused);
@@ -57,7 +69,7 @@ impl Volume {
             .fetch_add(object_bytes, Ordering::Relaxed);
         let seq = sealed.seq;
         let (data, on_done) = self.cache_uploaded(&sealed, &header);
-        self.mark_uploaded(seq, object_bytes);
+        self.mark_uploaded(seq, object_bytes, sealed.data.len() as u64);
         self.caches
             .insert_written(&self.uuid, seq, data, on_done)
             .await;
@@ -84,7 +96,8 @@ impl Volume {
         sealed: &Arc<SealedSegment>,
         header: &[u8],
     ) -> (Bytes, OnDone) {
-        if let Some(idx) = decode_index(header, MAX_VOLUME_BYTES) {
+        let key = self.at_rest.data_key().map(|k| &**k);
+        if let Some(idx) = decode_index(header, MAX_VOLUME_BYTES, key) {
             self.caches
                 .insert_index(self.uuid, sealed.seq, Arc::new(idx));
         }
@@ -111,8 +124,11 @@ impl Volume {
 
     /// Records an upload; advances `durable_seq` over contiguous uploads,
     /// frees their memory and journal space.
-    fn mark_uploaded(&self, seq: u64, object_bytes: u64) {
-        let release_lpos = self.state.lock().mark_uploaded(seq, object_bytes);
+    fn mark_uploaded(&self, seq: u64, object_bytes: u64, data_bytes: u64) {
+        let release_lpos = self
+            .state
+            .lock()
+            .mark_uploaded(seq, object_bytes, data_bytes);
         if let Some(lpos) = release_lpos {
             self.journal.release_to(lpos);
         }
@@ -123,10 +139,14 @@ impl Volume {
 
 /// The index of a segment header this server just encoded (decoded as a
 /// reader would, so what the cache holds is what a GET would give).
-fn decode_index(header: &[u8], volume_size_bytes: u64) -> Option<SegmentIndex> {
+fn decode_index(
+    header: &[u8],
+    volume_size_bytes: u64,
+    data_key: Option<&Key>,
+) -> Option<SegmentIndex> {
     let fixed = FixedHeader::decode(header).ok()?;
     let tables = header.get(FIXED_HEADER_BYTES..fixed.header_bytes as usize)?;
-    SegmentIndex::decode_tables(fixed, tables, volume_size_bytes, None)
+    SegmentIndex::decode_tables(fixed, tables, volume_size_bytes, data_key.map(Key::bytes))
         .ok()
         .map(|(idx, _)| idx)
 }

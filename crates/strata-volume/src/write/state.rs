@@ -31,6 +31,10 @@ pub(crate) struct State {
     /// Object bytes of every segment in the store that recovery or the map
     /// may need (what garbage collection weighs live bytes against).
     pub stored: BTreeMap<u64, u64>,
+    /// Logical data bytes of stored segments, where known (uploaded by this
+    /// process, read at recovery or by GC): a compressed segment's live
+    /// bytes are weighed against these, not against its object bytes.
+    pub data_sizes: BTreeMap<u64, u64>,
     /// Journal bytes of everything in memory (open + sealed).
     pub buffered_cost_bytes: u64,
     /// Every segment up to this one is in the store.
@@ -92,9 +96,15 @@ impl State {
     /// Records an upload; advances `durable_seq` over contiguous uploads and
     /// frees their memory. Returns the journal position everything before
     /// which is now in the store, if it moved.
-    pub(crate) fn mark_uploaded(&mut self, seq: u64, object_bytes: u64) -> Option<u64> {
+    pub(crate) fn mark_uploaded(
+        &mut self,
+        seq: u64,
+        object_bytes: u64,
+        data_bytes: u64,
+    ) -> Option<u64> {
         self.uploaded.insert(seq);
         self.stored.insert(seq, object_bytes);
+        self.data_sizes.insert(seq, data_bytes);
         let mut release_lpos = None;
         loop {
             let next = self.durable_seq + 1;
@@ -123,6 +133,7 @@ impl State {
             settling: BTreeMap::new(),
             uploaded: BTreeSet::new(),
             stored: BTreeMap::new(),
+            data_sizes: BTreeMap::new(),
             buffered_cost_bytes: 0,
             durable_seq: open_seq - 1,
             segments_since_checkpoint: 0,
@@ -164,9 +175,33 @@ impl State {
             let live = usage.live_bytes(seq);
             out.live_bytes += live;
             out.live_segments += u64::from(live > 0);
+            // The object bytes nothing points at: for a compressed segment
+            // (smaller than the data it holds) the live share of it.
+            let data = self.data_bytes(seq, bytes).max(1);
+            let live_stored = if bytes >= data {
+                live
+            } else {
+                (u128::from(bytes) * u128::from(live.min(data)) / u128::from(data)) as u64
+            };
+            out.garbage_bytes += bytes - live_stored.min(bytes);
         }
-        out.garbage_bytes = out.stored_bytes.saturating_sub(out.live_bytes);
         out
+    }
+
+    /// What segment `seq` (of `object_bytes` in the store) holds in
+    /// logical bytes: its data size if known, else its object size (exact
+    /// enough for version 1 segments, whose header is small).
+    pub(crate) fn data_bytes(&self, seq: u64, object_bytes: u64) -> u64 {
+        self.data_sizes.get(&seq).copied().unwrap_or(object_bytes)
+    }
+
+    /// Stored segments by the logical bytes they hold (see `data_bytes`):
+    /// what garbage collection weighs live bytes against.
+    pub(crate) fn gc_weights(&self) -> BTreeMap<u64, u64> {
+        self.stored
+            .iter()
+            .map(|(&seq, &bytes)| (seq, self.data_bytes(seq, bytes)))
+            .collect()
     }
 }
 

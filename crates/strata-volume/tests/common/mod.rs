@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_store::Store;
-use strata_volume::{Volume, VolumeConfig};
+use strata_volume::{Compression, Key, Volume, VolumeConfig};
 
 pub const MIB: u64 = 1 << 20;
 pub const VOLUME_BYTES: u64 = 48 * MIB;
@@ -27,7 +27,41 @@ pub fn small_config(data_dir: &Path) -> VolumeConfig {
     // suite exercises it.
     c.gc.interval_ms = 100;
     c.gc.grace_ms = 300;
+    at_rest_from_env(&mut c);
     c
+}
+
+/// `small_config` storing plain version 1 segments whatever the matrix
+/// says: for tests that look at the stored bytes themselves.
+pub fn small_config_plain(data_dir: &Path) -> VolumeConfig {
+    let mut c = small_config(data_dir);
+    c.compression = Compression::None;
+    c.key = None;
+    c
+}
+
+/// The key the test matrix encrypts with.
+pub fn test_key() -> Arc<Key> {
+    Arc::new(Key::from_bytes([0x42; 32]))
+}
+
+/// The suites run once plain and, in CI, again with `STRATA_TEST_AT_REST`
+/// set to `lz4`, `zstd`, `encrypted` or `encrypted+lz4`: every volume they
+/// create is then compressed and/or encrypted.
+pub fn at_rest_from_env(c: &mut VolumeConfig) {
+    let setting = std::env::var("STRATA_TEST_AT_REST").unwrap_or_default();
+    let (compression, encrypted) = match setting.as_str() {
+        "" | "none" => (Compression::None, false),
+        "lz4" => (Compression::Lz4, false),
+        "zstd" => (Compression::Zstd { level: 3 }, false),
+        "encrypted" => (Compression::None, true),
+        "encrypted+lz4" => (Compression::Lz4, true),
+        other => {
+            panic!("STRATA_TEST_AT_REST={other:?}: use none, lz4, zstd, encrypted or encrypted+lz4")
+        }
+    };
+    c.compression = compression;
+    c.key = encrypted.then(test_key);
 }
 
 /// (name, store, data dir) per backend; the tempdirs live as long as the tuple.

@@ -505,6 +505,12 @@ impl Server {
         }
     }
 
+    /// A server that is not started: for running the CLI on its store and
+    /// data dir.
+    pub fn new_stopped(dir: &Path, target: Target) -> Server {
+        Server::new(dir, target, &[])
+    }
+
     fn new(dir: &Path, target: Target, volumes: &[(&str, u64)]) -> Server {
         std::fs::create_dir_all(dir).expect("create the server's directory");
         Server {
