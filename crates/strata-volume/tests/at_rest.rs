@@ -138,10 +138,22 @@ async fn an_encrypted_volume_opens_only_with_its_key_and_stores_no_plaintext() {
         .unwrap();
         engine.create_volume("v", VOLUME_BYTES).await.unwrap();
         write_all(&engine, "v", &want).await;
+        // Two snapshots: a delta between them, diffs read through it.
+        engine.create_snapshot("v", "a").await.unwrap();
+        let vol = engine.open_volume("v").await.unwrap();
+        vol.write(MIB, &[1u8; 8192], false).await.unwrap();
+        engine.create_snapshot("v", "b").await.unwrap();
+        let changes = engine.diff_snapshots("v", "a", "b").await.unwrap();
+        assert_eq!(changes.len(), 1, "{backend}: {changes:?}");
+        vol.write(MIB, &want[MIB as usize..MIB as usize + 8192], false)
+            .await
+            .unwrap();
         engine.close_all().await.unwrap();
-        // No object of the volume holds the plaintext.
+        // No object of the volume holds the plaintext; the maps
+        // (checkpoints, deltas) are sealed whole.
         let all = store.list_all(&Path::from("v")).await.unwrap();
         assert!(all.len() > 3, "{backend}: {all:?}");
+        let mut sealed = 0;
         for m in &all {
             let bytes = get(&store, &m.location).await;
             assert!(
@@ -149,7 +161,16 @@ async fn an_encrypted_volume_opens_only_with_its_key_and_stores_no_plaintext() {
                 "{backend}: plaintext in {}",
                 m.location
             );
+            let name = m.location.as_ref();
+            if name.contains("/checkpoints/") || name.contains("/deltas/") {
+                assert!(
+                    bytes.starts_with(b"STRATSLD"),
+                    "{backend}: {name} not sealed"
+                );
+                sealed += 1;
+            }
         }
+        assert!(sealed >= 3, "{backend}: {sealed} sealed objects");
         // No key, another key: refused at open, naming the key it wants.
         for (given, says) in [(None, "is encrypted"), (Some(key(2)), "does not open")] {
             let other = tempfile::tempdir().unwrap();
@@ -170,6 +191,12 @@ async fn an_encrypted_volume_opens_only_with_its_key_and_stores_no_plaintext() {
         .unwrap();
         let got = read_all(&e, "v", want.len()).await.unwrap();
         assert!(got == want, "{backend}: data differs");
+        let changes = e.diff_snapshots("v", "a", "b").await.unwrap();
+        assert_eq!(changes.len(), 1, "{backend}: {changes:?}");
+        let snap = e.open_snapshot("v", "b").await.unwrap();
+        let mut buf = vec![0u8; 8192];
+        snap.read(MIB, &mut buf).await.unwrap();
+        assert!(buf.iter().all(|&b| b == 1), "{backend}: snapshot b");
         e.close_all().await.unwrap();
     }
 }

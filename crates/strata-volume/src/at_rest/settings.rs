@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::random::random_array;
@@ -14,6 +15,7 @@ use crate::error::VolumeError;
 use crate::format::frame::Compression;
 use crate::format::key_wrap::{self, Key, UnwrapError, KEY_BYTES};
 use crate::format::manifest::{EncryptionRecord, Manifest, CIPHER_AES_256_GCM};
+use crate::format::sealed_object::{seal, SealedKind};
 
 /// What a volume's segments are written with, and the key to read them.
 #[derive(Debug)]
@@ -42,6 +44,29 @@ impl AtRest {
 
     pub(crate) fn data_key(&self) -> Option<&Arc<Key>> {
         self.data_key.as_ref()
+    }
+
+    /// `inner` (a checkpoint or snapshot delta) as stored: sealed whole for
+    /// an encrypted volume (`format/sealed_object.rs`), as it is otherwise.
+    pub(crate) fn seal_object(
+        &self,
+        inner: Bytes,
+        kind: SealedKind,
+        seq: u64,
+        volume_uuid: &[u8; 16],
+    ) -> Result<Bytes, VolumeError> {
+        let Some(key) = &self.data_key else {
+            return Ok(inner);
+        };
+        let salt = random_array()?;
+        Ok(Bytes::from(seal(
+            &inner,
+            kind,
+            seq,
+            volume_uuid,
+            key.bytes(),
+            salt,
+        )))
     }
 
     /// Whether new segments are written as frames (segment version 2);

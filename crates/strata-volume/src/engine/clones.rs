@@ -45,7 +45,11 @@ impl Engine {
         let pstore = store_for_prefix(&self.store, parent_prefix.as_deref())?;
         let pm = read_manifest(&pstore, parent).await?;
         let record = clonable(&pm, snapshot)?;
-        let depth = resolve_lineage(&pstore, &pm, false).await?.lineage.depth() + 1;
+        let depth = resolve_lineage(&pstore, &pm, false, None)
+            .await?
+            .lineage
+            .depth()
+            + 1;
         if depth > MAX_CLONE_DEPTH {
             return Err(VolumeError::Invalid(format!(
                 "{parent}@{snapshot} is a snapshot of a clone {} levels deep; clones may nest {MAX_CLONE_DEPTH} deep (`strata volume flatten {parent}` first)",

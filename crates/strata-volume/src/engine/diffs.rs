@@ -19,6 +19,7 @@ use crate::format::diff_file::{
     encode_record, DiffHeader, RecordHeader, RecordKind, HEADER_PREFIX_BYTES,
     MAX_DATA_RECORD_BYTES, RECORD_HEADER_BYTES,
 };
+use crate::format::key_wrap::Key;
 use crate::format::manifest::{validate_snapshot_name, Manifest, SnapshotRecord};
 use crate::format::snapshot_delta::DeltaPiece;
 use crate::map::ExtentMap;
@@ -102,8 +103,10 @@ impl Engine {
         }
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(volume);
+        let key = self.data_key(&m)?;
+        let key = key.as_ref();
         if use_deltas {
-            if let Some(pieces) = self.chained_deltas(&m, &names, uuid, &a, &b).await {
+            if let Some(pieces) = self.chained_deltas(&m, &names, uuid, &a, &b, key).await {
                 return Ok(Found {
                     changes: changes_of(&pieces, b.size_bytes),
                     data: data_map(&pieces),
@@ -112,8 +115,8 @@ impl Engine {
                 });
             }
         }
-        let older = read_snapshot_map(&self.store, &names, volume, uuid, &a).await?;
-        let newer = read_snapshot_map(&self.store, &names, volume, uuid, &b).await?;
+        let older = read_snapshot_map(&self.store, &names, volume, uuid, &a, key).await?;
+        let newer = read_snapshot_map(&self.store, &names, volume, uuid, &b, key).await?;
         Ok(Found {
             changes: diff_maps(&older, &newer, b.size_bytes),
             data: newer,
@@ -132,6 +135,7 @@ impl Engine {
         uuid: [u8; 16],
         a: &SnapshotRecord,
         b: &SnapshotRecord,
+        key: Option<&Key>,
     ) -> Option<Vec<DeltaPiece>> {
         let start = m.snapshots.iter().position(|s| s.name == a.name)?;
         let end = m.snapshots.iter().position(|s| s.name == b.name)?;
@@ -139,7 +143,7 @@ impl Engine {
         for pair in m.snapshots.get(start..=end)?.windows(2) {
             let (prev, next) = (&pair[0], &pair[1]);
             let delta = next.delta_from(prev.checkpoint_seq)?;
-            match read_snapshot_delta(&self.store, names, uuid, next, delta).await {
+            match read_snapshot_delta(&self.store, names, uuid, next, delta, key).await {
                 Ok(newer) => pieces = overlay(&pieces, &newer),
                 Err(e) => {
                     tracing::warn!(volume = %m.name, snapshot = %next.name, error = %e, "snapshot delta unreadable; comparing whole snapshots instead");

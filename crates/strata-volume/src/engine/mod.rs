@@ -18,7 +18,7 @@ use serde::Serialize;
 use strata_store::{validate_volume_name, ObjectNames, Store};
 use tokio::sync::OnceCell;
 
-use crate::at_rest::{compression_of, new_volume_at_rest};
+use crate::at_rest::{compression_of, data_key_of, new_volume_at_rest};
 use crate::clock::now_ms;
 use crate::config::check_volume_size;
 use crate::config::VolumeConfig;
@@ -299,7 +299,11 @@ impl Engine {
         let Ok(uuid) = m.uuid_bytes() else {
             return (None, "unknown (bad uuid)".into());
         };
-        match read_checkpoint(&self.store, &names, m, uuid, seq).await {
+        let key = match self.data_key(m) {
+            Ok(k) => k,
+            Err(_) => return (None, "unknown (encrypted: give its key to see it)".into()),
+        };
+        match read_checkpoint(&self.store, &names, m, uuid, seq, key.as_ref()).await {
             Ok((_, map)) => (
                 Some(map.usage().total_live_bytes()),
                 format!("checkpoint {seq}"),
@@ -348,6 +352,12 @@ impl Engine {
             vol.resize(size_bytes, allow_shrink).await
         })
         .await
+    }
+
+    /// The data key of volume `m`, unwrapped with this engine's key (`None`
+    /// if the volume is not encrypted).
+    pub(crate) fn data_key(&self, m: &Manifest) -> Result<Option<Key>, VolumeError> {
+        data_key_of(m, self.config.key.as_deref())
     }
 
     /// Changes the compression of volume `name` (`Volume::set_compression`);

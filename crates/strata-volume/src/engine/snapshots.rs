@@ -88,7 +88,16 @@ impl Engine {
             })?;
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(volume);
-        let map = read_snapshot_map(&self.store, &names, volume, uuid, &record).await?;
+        let data_key = self.data_key(&m)?;
+        let read = read_snapshot_map(
+            &self.store,
+            &names,
+            volume,
+            uuid,
+            &record,
+            data_key.as_ref(),
+        );
+        let map = read.await?;
         let view = self.snapshot_view(&m, record, map).await?;
         let mut views = self.snapshot_views.lock();
         views.retain(|_, v| v.strong_count() > 0);
@@ -105,7 +114,7 @@ impl Engine {
         map: ExtentMap,
     ) -> Result<Arc<SnapshotView>, VolumeError> {
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
-        let lineage = resolve_lineage(&self.store, m, false).await?.lineage;
+        let lineage = resolve_lineage(&self.store, m, false, None).await?.lineage;
         let key = data_key_of(m, self.config.key.as_deref())?.map(Arc::new);
         let reader = self.caches.reader(&m.name, uuid, &self.store, key);
         Ok(Arc::new(SnapshotView::new(

@@ -25,6 +25,7 @@ pub fn decode_everything(data: &[u8]) {
     decode_diff_file(data);
     decode_snapshot_delta(data);
     decode_frames(data);
+    decode_sealed_object(data);
 }
 
 /// A frame record and the bytes after it as a stored frame, with and
@@ -98,9 +99,10 @@ pub fn decode_segment(data: &[u8]) {
     };
     let end = (fixed.header_bytes as usize).min(data.len());
     let tables = data.get(FIXED_HEADER_BYTES..end).unwrap_or_default();
-    for volume_size_bytes in [0, 1 << 20, u64::MAX] {
+    let key = [7u8; 32];
+    for (volume_size_bytes, data_key) in [(0, None), (1 << 20, None), (u64::MAX, Some(&key))] {
         let Ok((idx, entries)) =
-            SegmentIndex::decode_tables(fixed, tables, volume_size_bytes, None)
+            SegmentIndex::decode_tables(fixed, tables, volume_size_bytes, data_key)
         else {
             continue;
         };
@@ -108,10 +110,30 @@ pub fn decode_segment(data: &[u8]) {
         let body = data.get(end..).unwrap_or_default();
         let _ = idx.verify(0, body);
         let _ = idx.verify(u64::from(fixed.chunk_count), body);
+        let _ = idx.decode_run(0, body);
         if fixed.chunk_count > 0 {
             let last = u64::from(fixed.chunk_count) - 1;
             let r = idx.chunk_range(0, last);
-            assert!(r.end - r.start <= fixed.data_bytes.max(CHUNK_BYTES));
+            let tags = 16 * u64::from(fixed.chunk_count);
+            assert!(r.end - r.start <= fixed.data_bytes.max(CHUNK_BYTES) + tags);
+            if let Some(stored) = body.get(..(r.end - r.start) as usize) {
+                if let Ok(plain) = idx.decode_run(0, stored) {
+                    assert_eq!(plain.len() as u64, fixed.data_bytes);
+                }
+            }
+        }
+    }
+}
+
+/// A sealed object (an encrypted volume's checkpoint or delta), with a
+/// key and without.
+pub fn decode_sealed_object(data: &[u8]) {
+    use super::sealed_object::{open, SealedKind};
+    for kind in [SealedKind::Checkpoint, SealedKind::SnapshotDelta] {
+        let _ = open(data, kind, 1, &[0; 16], None);
+        if let Ok(inner) = open(data, kind, 1, &[0; 16], Some(&[7; 32])) {
+            decode_checkpoint(&inner);
+            decode_snapshot_delta(&inner);
         }
     }
 }

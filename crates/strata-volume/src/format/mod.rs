@@ -21,6 +21,7 @@ pub mod journal;
 pub mod key_wrap;
 pub mod lease;
 pub mod manifest;
+pub mod sealed_object;
 pub mod segment;
 pub mod segment_frames;
 pub mod snapshot_delta;

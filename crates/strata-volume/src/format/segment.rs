@@ -411,8 +411,8 @@ fn frames_and_rest<'a>(
         tables,
         fixed.chunk_count,
         fixed.data_bytes,
-        fixed.volume_uuid,
-        fixed.seq,
+        (fixed.volume_uuid, fixed.seq),
+        fixed.encrypted(),
     )?;
     let sealed_at = FRAME_RECORD_BYTES * fixed.chunk_count as usize + SALT_BYTES;
     let sealed = &tables[sealed_at..];

@@ -24,7 +24,7 @@ use std::ops::Range;
 
 use super::frame::{
     decode_frame, encode_frame, Compression, FramePlace, FrameRecord, SegmentKey,
-    FRAME_LOGICAL_BYTES, FRAME_RECORD_BYTES,
+    FRAME_LOGICAL_BYTES, FRAME_RECORD_BYTES, TAG_BYTES,
 };
 
 pub const SALT_BYTES: usize = 32;
@@ -47,12 +47,14 @@ pub struct FrameTable {
 
 impl FrameTable {
     /// Decodes `chunk_count` records and the salt from `tables`.
+    /// Each frame is at most its chunk's size (compressed frames are kept
+    /// only when smaller), plus a tag when `encrypted`.
     pub fn decode(
         tables: &[u8],
         chunk_count: u32,
         data_bytes: u64,
-        volume_uuid: [u8; 16],
-        seq: u64,
+        (volume_uuid, seq): ([u8; 16], u64),
+        encrypted: bool,
     ) -> Result<FrameTable, String> {
         let n = chunk_count as usize * FRAME_RECORD_BYTES;
         let (records_raw, rest) = tables
@@ -66,8 +68,18 @@ impl FrameTable {
         let mut records = Vec::with_capacity(chunk_count as usize);
         let mut ends = Vec::with_capacity(chunk_count as usize);
         let mut end = 0u64;
-        for raw in records_raw.chunks_exact(FRAME_RECORD_BYTES) {
+        let tag = if encrypted { TAG_BYTES as u64 } else { 0 };
+        for (i, raw) in records_raw.chunks_exact(FRAME_RECORD_BYTES).enumerate() {
             let r = FrameRecord::decode(raw)?;
+            let logical = data_bytes
+                .saturating_sub(i as u64 * FRAME_LOGICAL_BYTES as u64)
+                .min(FRAME_LOGICAL_BYTES as u64);
+            if r.stored_len == 0 || u64::from(r.stored_len) > logical + tag {
+                return Err(format!(
+                    "frame {i} claims {} stored bytes for a chunk of {logical}",
+                    r.stored_len
+                ));
+            }
             end += u64::from(r.stored_len);
             records.push(r);
             ends.push(end);

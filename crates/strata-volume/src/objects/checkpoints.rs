@@ -4,9 +4,32 @@ use strata_store::{ObjectNames, Store};
 
 use super::store_error::read_whole;
 use crate::error::VolumeError;
+use std::borrow::Cow;
+
 use crate::format::checkpoint::{self, CheckpointInfo};
+use crate::format::key_wrap::Key;
 use crate::format::manifest::{Manifest, SnapshotRecord};
+use crate::format::sealed_object::{is_sealed, open, SealedKind};
 use crate::map::ExtentMap;
+
+/// The object inside `bytes` as stored: opened if sealed (an encrypted
+/// volume's; `format/sealed_object.rs`). An encrypted volume's object in
+/// the clear is refused: it was not written by strata.
+pub(crate) fn unseal<'a>(
+    bytes: &'a [u8],
+    kind: SealedKind,
+    seq: u64,
+    uuid: &[u8; 16],
+    data_key: Option<&Key>,
+) -> Result<Cow<'a, [u8]>, String> {
+    if is_sealed(bytes) {
+        return open(bytes, kind, seq, uuid, data_key.map(Key::bytes)).map(Cow::Owned);
+    }
+    if data_key.is_some() {
+        return Err("an encrypted volume's object is stored unencrypted (altered?)".into());
+    }
+    Ok(Cow::Borrowed(bytes))
+}
 
 /// Reads checkpoint `seq` of the volume `manifest` describes, verified and
 /// checked against the manifest (same volume, same size, same position).
@@ -16,8 +39,10 @@ pub(crate) async fn read_checkpoint(
     manifest: &Manifest,
     uuid: [u8; 16],
     seq: u64,
+    data_key: Option<&Key>,
 ) -> Result<(CheckpointInfo, ExtentMap), VolumeError> {
-    read_checkpoint_of_size(store, names, &manifest.name, uuid, seq, manifest.size_bytes).await
+    let size = manifest.size_bytes;
+    read_checkpoint_of_size(store, names, &manifest.name, uuid, seq, size, data_key).await
 }
 
 /// The map of snapshot `record` of the volume with `uuid` (empty for a
@@ -28,12 +53,14 @@ pub(crate) async fn read_snapshot_map(
     volume: &str,
     uuid: [u8; 16],
     record: &SnapshotRecord,
+    data_key: Option<&Key>,
 ) -> Result<ExtentMap, VolumeError> {
     if record.checkpoint_seq == 0 {
         return Ok(ExtentMap::new());
     }
     let seq = record.checkpoint_seq;
-    let read = read_checkpoint_of_size(store, names, volume, uuid, seq, record.size_bytes);
+    let read =
+        read_checkpoint_of_size(store, names, volume, uuid, seq, record.size_bytes, data_key);
     Ok(read.await?.1)
 }
 
@@ -46,6 +73,7 @@ async fn read_checkpoint_of_size(
     uuid: [u8; 16],
     seq: u64,
     size_bytes: u64,
+    data_key: Option<&Key>,
 ) -> Result<(CheckpointInfo, ExtentMap), VolumeError> {
     let path = names.checkpoint(seq);
     let bytes = read_whole(store, &path).await?;
@@ -53,6 +81,7 @@ async fn read_checkpoint_of_size(
         path: path.to_string(),
         detail,
     };
+    let bytes = unseal(&bytes, SealedKind::Checkpoint, seq, &uuid, data_key).map_err(corrupt)?;
     let (info, map, usage) = checkpoint::decode_with_usage(&bytes).map_err(corrupt)?;
     if let Some(recorded) = usage {
         let recomputed: Vec<(u64, u64)> = map.usage().iter().collect();

@@ -2,9 +2,12 @@
 
 use strata_store::{ObjectNames, Store};
 
+use super::checkpoints::unseal;
 use super::store_error::read_whole;
 use crate::error::VolumeError;
+use crate::format::key_wrap::Key;
 use crate::format::manifest::{DeltaRecord, SnapshotRecord};
+use crate::format::sealed_object::SealedKind;
 use crate::format::snapshot_delta::{self, DeltaPiece};
 
 /// Reads the delta `delta` of snapshot `record` of the volume with `uuid`,
@@ -15,6 +18,7 @@ pub(crate) async fn read_snapshot_delta(
     uuid: [u8; 16],
     record: &SnapshotRecord,
     delta: DeltaRecord,
+    data_key: Option<&Key>,
 ) -> Result<Vec<DeltaPiece>, VolumeError> {
     let path = names.snapshot_delta(record.checkpoint_seq, delta.from_checkpoint_seq);
     let bytes = read_whole(store, &path).await?;
@@ -22,6 +26,8 @@ pub(crate) async fn read_snapshot_delta(
         path: path.to_string(),
         detail,
     };
+    let to = record.checkpoint_seq;
+    let bytes = unseal(&bytes, SealedKind::SnapshotDelta, to, &uuid, data_key).map_err(corrupt)?;
     let (info, pieces) = snapshot_delta::decode(&bytes).map_err(corrupt)?;
     let expected = (
         record.checkpoint_seq,

@@ -38,7 +38,7 @@ pub(crate) async fn recover_from_store(
 ) -> Result<Recovered, VolumeError> {
     let (mut map, base, mut span) = match (manifest.checkpoint_seq, base_map) {
         (Some(seq), _) => {
-            let (info, map) = read_checkpoint(store, names, manifest, uuid, seq).await?;
+            let (info, map) = read_checkpoint(store, names, manifest, uuid, seq, data_key).await?;
             (map, seq, Some(info.span))
         }
         // A clone's first open: its parent snapshot's map; its own

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use strata_store::{ObjectNames, Store};
 
 use crate::error::VolumeError;
+use crate::format::key_wrap::Key;
 use crate::format::manifest::{Manifest, SnapshotRecord};
 use crate::map::ExtentMap;
 use crate::objects::{read_manifest, read_snapshot_map, store_for_prefix};
@@ -101,11 +102,13 @@ impl Lineage {
 
 /// Resolves the ancestors of the volume `m` describes (none for a volume
 /// that is not a clone), and, `for_open`, the parent snapshot's map if the
-/// clone has no checkpoint of its own yet.
+/// clone has no checkpoint of its own yet (read with `data_key`: a clone
+/// shares its ancestors' data key).
 pub(crate) async fn resolve_lineage(
     store: &Store,
     m: &Manifest,
     for_open: bool,
+    data_key: Option<&Key>,
 ) -> Result<Inherited, VolumeError> {
     let mut ancestors = Vec::new();
     let mut base_map = None;
@@ -132,7 +135,8 @@ pub(crate) async fn resolve_lineage(
         let uuid = pm.uuid_bytes().map_err(VolumeError::Invalid)?;
         if for_open && ancestors.is_empty() && m.checkpoint_seq.is_none() {
             let names = ObjectNames::new(&pm.name);
-            let map = read_snapshot_map(&pstore, &names, &pm.name, uuid, &record).await?;
+            // A clone shares its parent's data key.
+            let map = read_snapshot_map(&pstore, &names, &pm.name, uuid, &record, data_key).await?;
             base_map = Some((map, record.checkpoint_seq));
         }
         ancestors.push(Ancestor {

@@ -14,6 +14,7 @@ use crate::clock::now_ms;
 use crate::crash_point::crash_point;
 use crate::format::checkpoint::{self, CheckpointInfo};
 use crate::format::manifest::Manifest;
+use crate::format::sealed_object::SealedKind;
 use crate::format::segment::JournalSpan;
 use crate::gc::{add_pending, deletion_candidates, Unreferenced};
 use crate::write::segment_put::put_with_retry;
@@ -121,7 +122,11 @@ impl Volume {
             return Err(detail.clone());
         }
         let path = self.names.checkpoint(seq);
-        let payload = || PutPayload::from(job.bytes.clone());
+        let bytes = self
+            .at_rest
+            .seal_object(job.bytes.clone(), SealedKind::Checkpoint, seq, &self.uuid)
+            .map_err(|e| format!("checkpoint {seq} not sealed: {e}"))?;
+        let payload = || PutPayload::from(bytes.clone());
         let put = put_with_retry(
             &self.store,
             &self.ownership,

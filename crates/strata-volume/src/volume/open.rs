@@ -33,8 +33,8 @@ impl Volume {
         let (ownership, manifest, manifest_version, at_rest) =
             take_ownership(&store, &config, name, |m| AtRest::open(m, kek.as_deref())).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
-        let inherited = resolve_lineage(&store, &manifest, true).await?;
         let data_key = at_rest.data_key().cloned();
+        let inherited = resolve_lineage(&store, &manifest, true, data_key.as_deref()).await?;
         let mut recovered = recover(
             &store,
             &config,

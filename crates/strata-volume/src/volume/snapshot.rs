@@ -299,7 +299,8 @@ impl Volume {
         &self,
         record: &SnapshotRecord,
     ) -> Result<ExtentMap, VolumeError> {
-        read_snapshot_map(&self.store, &self.names, &self.name, self.uuid, record).await
+        let key = self.at_rest.data_key().map(|k| &**k);
+        read_snapshot_map(&self.store, &self.names, &self.name, self.uuid, record, key).await
     }
 
     /// Pins the segments of every snapshot in `m` (at open), and works out

@@ -16,6 +16,7 @@ use object_store::{PutMode, PutPayload};
 use super::Volume;
 use crate::error::VolumeError;
 use crate::format::manifest::{DeltaRecord, Manifest, SnapshotRecord};
+use crate::format::sealed_object::SealedKind;
 use crate::format::snapshot_delta::{self, DeltaInfo, DeltaPiece};
 use crate::map::ExtentMap;
 use crate::objects::read_snapshot_delta;
@@ -56,7 +57,11 @@ impl Volume {
             volume_uuid: self.uuid,
             volume_size_bytes: size_bytes,
         };
-        let bytes = bytes::Bytes::from(snapshot_delta::encode(&info, pieces));
+        let inner = bytes::Bytes::from(snapshot_delta::encode(&info, pieces));
+        let bytes = self
+            .at_rest
+            .seal_object(inner, SealedKind::SnapshotDelta, to, &self.uuid)
+            .map_err(|e| format!("snapshot delta {to}-{from} not sealed: {e}"))?;
         let path = self.names.snapshot_delta(to, from);
         let payload = || PutPayload::from(bytes.clone());
         let put = put_with_retry(
@@ -84,7 +89,8 @@ impl Volume {
         previous: &SnapshotRecord,
     ) -> Option<Vec<DeltaPiece>> {
         let delta = record.delta_from(previous.checkpoint_seq)?;
-        let read = read_snapshot_delta(&self.store, &self.names, self.uuid, record, delta);
+        let key = self.at_rest.data_key().map(|k| &**k);
+        let read = read_snapshot_delta(&self.store, &self.names, self.uuid, record, delta, key);
         match read.await {
             Ok(pieces) => Some(pieces),
             Err(e) => {
