@@ -348,9 +348,15 @@ pub struct ServeArgs {
     pub listen: Vec<String>,
 
     /// Create volume NAME of SIZE first if it does not exist (repeatable),
-    /// e.g. --create vm1=10GiB.
+    /// e.g. --create vm1=10GiB. Encrypted when a key is given (--key-file
+    /// or STRATA_KEY).
     #[arg(long, value_name = "NAME=SIZE")]
     pub create: Vec<String>,
+
+    /// Compression of the volumes --create makes: lz4, zstd[:LEVEL], none
+    /// (existing volumes keep theirs: `strata volume set-compression`).
+    #[arg(long, default_value = "lz4", value_name = "CODEC")]
+    pub compression: String,
 
     /// Serve only this volume (repeatable). Each is opened at start, and
     /// the server exits with the reason if one cannot be (e.g. another

@@ -131,6 +131,10 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
     let mut config = VolumeConfig::new(data_dir);
     config.key = user_key(cli)?.map(std::sync::Arc::new);
     if let Some(args) = serve {
+        config.compression = args
+            .compression
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--compression: {e}"))?;
         config.durability = match args.durability {
             DurabilityArg::Local => Durability::Local,
             DurabilityArg::Remote => Durability::Remote,

@@ -321,9 +321,12 @@ impl SegmentIndex {
         first_chunk: u64,
         stored: &'a [u8],
     ) -> Result<Cow<'a, [u8]>, String> {
-        let Some(frames) = &self.frames else {
+        if self.stored_as_is(first_chunk, stored.len()) {
             self.verify(first_chunk, stored)?;
             return Ok(Cow::Borrowed(stored));
+        }
+        let Some(frames) = &self.frames else {
+            unreachable!("version 1 chunks are stored as they are");
         };
         let plain = frames.decode_run(first_chunk, stored)?;
         // The frame's own CRC and tag passed: a mismatch here is a codec
@@ -332,10 +335,13 @@ impl SegmentIndex {
         Ok(Cow::Owned(plain))
     }
 
-    /// Whether chunks are stored as frames (version 2): stored bytes must
-    /// go through `decode_run`.
-    pub fn has_frames(&self) -> bool {
-        self.frames.is_some()
+    /// Whether the `stored_len` bytes from chunk `first_chunk` on are the
+    /// chunks' logical bytes as they are (version 1, or raw unencrypted
+    /// frames): they need `verify` only, no decoding, no copy.
+    pub fn stored_as_is(&self, first_chunk: u64, stored_len: usize) -> bool {
+        self.frames
+            .as_ref()
+            .is_none_or(|f| f.stored_as_is(first_chunk, stored_len))
     }
 
     /// Checks logical `bytes`, which hold whole chunks from chunk

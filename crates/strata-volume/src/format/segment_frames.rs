@@ -23,7 +23,7 @@
 use std::ops::Range;
 
 use super::frame::{
-    decode_frame, encode_frame, Compression, FramePlace, FrameRecord, SegmentKey,
+    decode_frame, encode_frame, Codec, Compression, FramePlace, FrameRecord, SegmentKey,
     FRAME_LOGICAL_BYTES, FRAME_RECORD_BYTES, TAG_BYTES,
 };
 
@@ -119,6 +119,26 @@ impl FrameTable {
         };
         let end = self.ends.get(last as usize).copied().unwrap_or(start);
         start..end
+    }
+
+    /// Whether the `stored_len` bytes of frames from chunk `first` on are
+    /// the chunks' bytes as they are: not encrypted, every frame raw (the
+    /// caller then checks the chunk CRCs and skips decoding and a copy).
+    pub fn stored_as_is(&self, first: u64, stored_len: usize) -> bool {
+        if self.key.is_some() {
+            return false;
+        }
+        let mut total = 0usize;
+        for r in self.records.iter().skip(first as usize) {
+            if total >= stored_len {
+                break;
+            }
+            if r.codec != Codec::Raw {
+                return false;
+            }
+            total += usize::from(r.stored_len);
+        }
+        total == stored_len
     }
 
     /// The logical bytes of the chunks whose stored frames `stored` holds,

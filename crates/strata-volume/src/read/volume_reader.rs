@@ -190,7 +190,7 @@ impl VolumeReader {
             let len = (range.end - range.start) as usize;
             let p = &mut pieces[k];
             let whole = p.offset == first * CHUNK_BYTES && p.dst.len() == len;
-            if m == k + 1 && whole && !idx.has_frames() {
+            if m == k + 1 && whole && idx.stored_as_is(first, len) {
                 read_stored(range.start, p.dst)?;
                 idx.verify(first, p.dst).map_err(|d| self.corrupt(seq, d))?;
                 k = m;
