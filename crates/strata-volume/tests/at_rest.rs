@@ -367,3 +367,65 @@ async fn a_clone_of_an_encrypted_volume_reads_its_parent_with_the_same_key() {
     let err = e.open_volume("c").await.err().unwrap();
     assert!(matches!(err, VolumeError::Key { .. }), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_of_the_previous_format_opens_and_can_start_compressing() {
+    let want = data();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::local(&dir.path().join("store")).unwrap();
+    let engine = Engine::new(
+        store.clone(),
+        config(&dir.path().join("a"), Compression::None, None),
+    )
+    .unwrap();
+    engine.create_volume("old", VOLUME_BYTES).await.unwrap();
+    write_all(&engine, "old", &want).await;
+    engine.close_all().await.unwrap();
+    // What the previous strata wrote: no compression field, envelope
+    // version 1, version 1 segments.
+    let path = Path::from("old/manifest");
+    let mut m = strata_volume::Manifest::decode(&get(&store, &path).await).unwrap();
+    m.compression = None;
+    let bytes = m.encode();
+    assert_eq!(&bytes[8..10], &1u16.to_le_bytes());
+    put(&store, &path, bytes).await;
+    for p in segment_paths(&store, "old").await {
+        let seg = get(&store, &p).await;
+        assert_eq!(FixedHeader::decode(&seg).unwrap().version, 1);
+    }
+    let engine = Engine::new(
+        store.clone(),
+        config(&dir.path().join("b"), Compression::Lz4, None),
+    )
+    .unwrap();
+    assert!(read_all(&engine, "old", want.len()).await.unwrap() == want);
+    let vol = engine.open_volume("old").await.unwrap();
+    assert_eq!(vol.compression(), Compression::None);
+    vol.set_compression(Compression::Lz4).await.unwrap();
+    vol.write(0, &want[MIB as usize..2 * MIB as usize], false)
+        .await
+        .unwrap();
+    engine.close_all().await.unwrap();
+    let mut expect = want.clone();
+    expect.copy_within(MIB as usize..2 * MIB as usize, 0);
+    let engine = Engine::new(
+        store.clone(),
+        config(&dir.path().join("c"), Compression::None, None),
+    )
+    .unwrap();
+    let vol = engine.open_volume("old").await.unwrap();
+    assert_eq!(vol.compression(), Compression::Lz4, "the setting is kept");
+    assert!(read_all(&engine, "old", want.len()).await.unwrap() == expect);
+    engine.close_all().await.unwrap();
+    let versions: Vec<u16> = {
+        let mut v = Vec::new();
+        for p in segment_paths(&store, "old").await {
+            v.push(FixedHeader::decode(&get(&store, &p).await).unwrap().version);
+        }
+        v
+    };
+    assert!(
+        versions.contains(&1) && versions.contains(&2),
+        "{versions:?}"
+    );
+}

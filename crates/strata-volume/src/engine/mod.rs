@@ -266,7 +266,7 @@ impl Engine {
             // garbage is known to the server that has them open (its
             // stats), not from sizes alone.
             garbage_bytes: live_bytes
-                .filter(|_| compression_of(&m).ok() == Some(Compression::None))
+                .filter(|_| stored_bytes == 0 || compression_of(&m).ok() == Some(Compression::None))
                 .map(|l| stored_bytes.saturating_sub(l)),
             compression: m.compression.clone().unwrap_or_else(|| "none".into()),
             encryption_key_fingerprint: m.encryption.as_ref().map(|e| e.key_fingerprint.clone()),
