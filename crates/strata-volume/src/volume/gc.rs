@@ -424,11 +424,13 @@ impl Volume {
         let seq = {
             let mut st = self.state.lock();
             let candidates = deletion_candidates(&st.stored, st.map.usage(), &st.pins, u64::MAX);
+            // In logical bytes: a compressed segment's object is small,
+            // and a segment's worth of them is worth a checkpoint.
             let new_bytes: u64 = candidates
                 .segments
                 .iter()
                 .filter(|(seq, _)| !pending.contains(&(ObjectKind::Segment, *seq)))
-                .map(|s| s.1)
+                .map(|&(seq, bytes)| st.data_bytes(seq, bytes))
                 .sum();
             let worth = new_bytes > 0 && (explicit || new_bytes >= self.config.segment_bytes);
             let idle = st.checkpoint_done_seq >= st.checkpoint_requested_seq;
