@@ -72,8 +72,7 @@ impl Volume {
         st.segments_since_checkpoint = 0;
         st.checkpoint_requested_seq = seq;
         let job = self.encode_checkpoint(st, seq, st.last_sealed_span);
-        let vol = self.clone();
-        tokio::spawn(async move { vol.store_checkpoint(job).await });
+        self.spawn_tracked(|vol| async move { vol.store_checkpoint(job).await });
         Some(seq)
     }
 
@@ -96,8 +95,7 @@ impl Volume {
         st.segments_since_checkpoint = 0;
         st.checkpoint_requested_seq = sealed.seq;
         let job = self.encode_checkpoint_sized(st, sealed.seq, sealed.span, size_bytes);
-        let vol = self.clone();
-        tokio::spawn(async move { vol.upload(sealed, None).await });
+        self.spawn_tracked(|vol| async move { vol.upload(sealed, None).await });
         job
     }
 

@@ -54,9 +54,31 @@ impl Volume {
                 detail,
             });
         }
+        self.wait_for_tasks().await;
         // Everything is in the store: let another server take the volume.
         self.ownership.release(&self.store, &self.names).await?;
         tracing::info!(volume = %self.name, "closed cleanly");
         Ok(())
     }
+
+    /// Waits (bounded) for upload and checkpoint tasks still holding the
+    /// volume after their work is done (handing data to the disk cache).
+    async fn wait_for_tasks(&self) {
+        let idle = async {
+            loop {
+                let progress = self.progress.notified();
+                if self.tasks_in_flight.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                progress.await;
+            }
+        };
+        if tokio::time::timeout(TASKS_TIMEOUT, idle).await.is_err() {
+            let tasks = self.tasks_in_flight.load(Ordering::Acquire);
+            tracing::warn!(volume = %self.name, tasks, "closing with upload tasks still running");
+        }
+    }
 }
+
+/// How long a close waits for tasks that finished their store work.
+const TASKS_TIMEOUT: Duration = Duration::from_secs(30);

@@ -444,8 +444,7 @@ impl Volume {
                 None if idle => {
                     let job = self.seal_for_history_locked(&mut st, None, self.size_bytes());
                     let seq = job.seq;
-                    let vol = self.clone();
-                    tokio::spawn(async move { vol.store_checkpoint(job).await });
+                    self.spawn_tracked(|vol| async move { vol.store_checkpoint(job).await });
                     Some(seq)
                 }
                 None => None,

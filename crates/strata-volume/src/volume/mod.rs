@@ -136,6 +136,10 @@ pub struct Volume {
     pub(crate) lineage: Lineage,
     /// Compression and encryption of what it stores (`at_rest/`).
     pub(crate) at_rest: AtRest,
+    /// Upload and checkpoint tasks still running (`spawn_tracked`): a close
+    /// waits for them, so nothing holds the volume (and the caches, whose
+    /// disk file stays locked) after it returns.
+    pub(crate) tasks_in_flight: AtomicU64,
 }
 
 impl std::fmt::Debug for Volume {
@@ -272,6 +276,21 @@ impl Volume {
     }
 
     /// Waits until `pred` holds for the state (checked on every progress).
+    /// Spawns `task` (an upload or a checkpoint) counted in
+    /// `tasks_in_flight` until it ends.
+    pub(crate) fn spawn_tracked<F>(self: &Arc<Self>, task: impl FnOnce(Arc<Self>) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks_in_flight.fetch_add(1, Ordering::AcqRel);
+        let guard = TaskGuard(self.clone());
+        let fut = task(self.clone());
+        tokio::spawn(async move {
+            fut.await;
+            drop(guard);
+        });
+    }
+
     pub(crate) async fn wait_until(&self, pred: impl Fn(&State) -> bool) {
         loop {
             let notified = self.progress.notified();
@@ -282,5 +301,15 @@ impl Volume {
             }
             notified.await;
         }
+    }
+}
+
+/// Counts a tracked task as ended when dropped (also if it panicked).
+struct TaskGuard(Arc<Volume>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.tasks_in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.progress.notify_waiters();
     }
 }

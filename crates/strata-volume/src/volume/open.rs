@@ -75,6 +75,7 @@ impl Volume {
             gc_pending: Mutex::new((0, 0)),
             lineage,
             at_rest,
+            tasks_in_flight: AtomicU64::new(0),
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;
@@ -91,8 +92,7 @@ impl Volume {
     fn start_replayed_uploads(self: &Arc<Self>) {
         let sealed: Vec<_> = self.state.lock().sealed.values().cloned().collect();
         for s in sealed {
-            let vol = self.clone();
-            tokio::spawn(async move { vol.upload(s, None).await });
+            self.spawn_tracked(|vol| async move { vol.upload(s, None).await });
         }
     }
 }

@@ -203,8 +203,7 @@ impl Volume {
             st.checkpoint_requested_seq = sealed.seq;
             self.encode_checkpoint(st, sealed.seq, sealed.span)
         });
-        let vol = self.clone();
-        tokio::spawn(async move { vol.upload(sealed, ckpt).await });
+        self.spawn_tracked(|vol| async move { vol.upload(sealed, ckpt).await });
     }
 
     /// An empty segment buffer: a recycled one if there is one.
