@@ -13,7 +13,7 @@ use super::settings::AtRest;
 use crate::error::VolumeError;
 use crate::format::frame::Compression;
 use crate::format::key_wrap::Key;
-use crate::format::segment::{encode_segment_v2, FrameSettings};
+use crate::format::segment::{encode_segment_v2_into, FrameSettings};
 use crate::write::open_segment::SealedSegment;
 
 /// The stored object of `sealed`: its header and its data area.
@@ -21,6 +21,7 @@ pub(crate) async fn encode_sealed(
     at_rest: &AtRest,
     volume_uuid: [u8; 16],
     sealed: &Arc<SealedSegment>,
+    buffer: impl FnOnce() -> Vec<u8>,
 ) -> Result<(Bytes, Bytes), VolumeError> {
     if !at_rest.writes_frames() {
         let header = Bytes::from(sealed.encode_header(&volume_uuid));
@@ -32,8 +33,11 @@ pub(crate) async fn encode_sealed(
     let compression = at_rest.compression();
     let data_key = at_rest.data_key().cloned();
     let sealed = sealed.clone();
+    let mut frames = buffer();
     let encoded = tokio::task::spawn_blocking(move || {
-        encode(&sealed, volume_uuid, compression, data_key.as_deref(), salt)
+        let key = data_key.as_deref();
+        let header = encode(&sealed, volume_uuid, compression, key, salt, &mut frames);
+        (header, Bytes::from(frames))
     });
     encoded
         .await
@@ -46,18 +50,20 @@ fn encode(
     compression: Compression,
     data_key: Option<&Key>,
     salt: [u8; 32],
-) -> (Bytes, Bytes) {
+    frames: &mut Vec<u8>,
+) -> Bytes {
     let settings = FrameSettings {
         compression,
         encryption: data_key.map(|k| (k.bytes(), salt)),
     };
-    let (header, stored) = encode_segment_v2(
+    let header = encode_segment_v2_into(
         sealed.seq,
         &volume_uuid,
         &sealed.span,
         &sealed.entries,
         &sealed.data,
         settings,
+        frames,
     );
-    (Bytes::from(header), Bytes::from(stored))
+    Bytes::from(header)
 }

@@ -261,44 +261,105 @@ pub fn encode_frame(
     key: Option<&SegmentKey>,
     place: &FramePlace,
 ) -> (Vec<u8>, FrameRecord) {
-    debug_assert!(!chunk.is_empty() && chunk.len() <= FRAME_LOGICAL_BYTES);
-    let (codec, mut stored) = compress(chunk, compression);
-    if let Some(key) = key {
-        let sealed =
-            key.0
-                .seal_in_place_append_tag(place.nonce(), Aad::from(place.aad(codec)), &mut stored);
-        if sealed.is_err() {
-            // ring fails only for inputs beyond 2^36 bytes.
-            unreachable!("AES-GCM sealing of at most 4 KiB");
-        }
-    }
-    let record = FrameRecord {
-        stored_len: stored.len() as u16,
-        codec,
-        crc: crc32c::crc32c(&stored),
-    };
-    (stored, record)
+    let mut out = Vec::with_capacity(MAX_STORED_FRAME_BYTES);
+    let record = encode_frame_into(chunk, compression, key, place, &mut out);
+    (out, record)
 }
 
-fn compress(chunk: &[u8], compression: Compression) -> (Codec, Vec<u8>) {
-    let worth = |c: &[u8]| c.len() <= chunk.len() - chunk.len() / 8;
+/// `encode_frame`, appending the frame to `out` (no allocation per frame:
+/// a segment's frames go into one reused buffer).
+pub fn encode_frame_into(
+    chunk: &[u8],
+    compression: Compression,
+    key: Option<&SegmentKey>,
+    place: &FramePlace,
+    out: &mut Vec<u8>,
+) -> FrameRecord {
+    debug_assert!(!chunk.is_empty() && chunk.len() <= FRAME_LOGICAL_BYTES);
+    let start = out.len();
+    let codec = compress_into(chunk, compression, out);
+    if let Some(key) = key {
+        let aad = Aad::from(place.aad(codec));
+        let sealed = key
+            .0
+            .seal_in_place_separate_tag(place.nonce(), aad, &mut out[start..]);
+        match sealed {
+            Ok(tag) => out.extend_from_slice(tag.as_ref()),
+            // ring fails only for inputs beyond 2^36 bytes.
+            Err(_) => unreachable!("AES-GCM sealing of at most 4 KiB"),
+        }
+    }
+    FrameRecord {
+        stored_len: (out.len() - start) as u16,
+        codec,
+        crc: crc32c::crc32c(&out[start..]),
+    }
+}
+
+/// Appends `chunk` compressed (when that saves an eighth) or as it is.
+fn compress_into(chunk: &[u8], compression: Compression, out: &mut Vec<u8>) -> Codec {
+    let start = out.len();
+    let limit = chunk.len() - chunk.len() / 8;
     match compression {
         Compression::Lz4 => {
-            let c = lz4_flex::block::compress(chunk);
-            if worth(&c) {
-                return (Codec::Lz4, c);
-            }
-        }
-        Compression::Zstd { level } => {
-            if let Ok(c) = zstd::bulk::compress(chunk, level) {
-                if worth(&c) {
-                    return (Codec::Zstd, c);
+            out.resize(start + lz4_flex::block::get_maximum_output_size(chunk.len()), 0);
+            if let Ok(n) = lz4_flex::block::compress_into(chunk, &mut out[start..]) {
+                if n <= limit {
+                    out.truncate(start + n);
+                    return Codec::Lz4;
                 }
             }
+            out.truncate(start);
+        }
+        Compression::Zstd { level } => {
+            out.resize(start + zstd::zstd_safe::compress_bound(chunk.len()), 0);
+            if let Ok(n) = zstd_compress(chunk, &mut out[start..], level) {
+                if n <= limit {
+                    out.truncate(start + n);
+                    return Codec::Zstd;
+                }
+            }
+            out.truncate(start);
         }
         Compression::None => {}
     }
-    (Codec::Raw, chunk.to_vec())
+    out.extend_from_slice(chunk);
+    Codec::Raw
+}
+
+thread_local! {
+    /// zstd contexts of this thread, reused: making one per 4 KiB frame
+    /// (what `zstd::bulk::compress` does) costs more than compressing it.
+    static ZSTD_COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+    static ZSTD_DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn zstd_compress(chunk: &[u8], out: &mut [u8], level: i32) -> std::io::Result<usize> {
+    ZSTD_COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.as_ref().is_none_or(|(l, _)| *l != level) {
+            *cell = Some((level, zstd::bulk::Compressor::new(level)?));
+        }
+        match cell.as_mut() {
+            Some((_, c)) => c.compress_to_buffer(chunk, out),
+            None => Err(std::io::Error::other("no zstd context")),
+        }
+    })
+}
+
+fn zstd_decompress(frame: &[u8], out: &mut [u8]) -> std::io::Result<usize> {
+    ZSTD_DECOMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::bulk::Decompressor::new()?);
+        }
+        match cell.as_mut() {
+            Some(d) => d.decompress_to_buffer(frame, out),
+            None => Err(std::io::Error::other("no zstd context")),
+        }
+    })
 }
 
 /// The chunk of `logical_len` bytes that `stored` holds, verified.
@@ -309,6 +370,21 @@ pub fn decode_frame(
     key: Option<&SegmentKey>,
     place: &FramePlace,
 ) -> Result<Vec<u8>, FrameError> {
+    let mut out = Vec::with_capacity(logical_len);
+    decode_frame_into(stored, record, logical_len, key, place, &mut out)?;
+    Ok(out)
+}
+
+/// `decode_frame`, appending the chunk to `out` (on error `out` is left as
+/// it was).
+pub fn decode_frame_into(
+    stored: &[u8],
+    record: &FrameRecord,
+    logical_len: usize,
+    key: Option<&SegmentKey>,
+    place: &FramePlace,
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
     if logical_len == 0 || logical_len > FRAME_LOGICAL_BYTES {
         return Err(FrameError::Corrupt(format!(
             "a chunk of {logical_len} bytes"
@@ -317,30 +393,70 @@ pub fn decode_frame(
     if stored.len() != usize::from(record.stored_len) || crc32c::crc32c(stored) != record.crc {
         return Err(FrameError::Checksum);
     }
-    let mut buf = stored.to_vec();
-    let plain: &[u8] = match key {
-        Some(key) => {
-            let aad = Aad::from(place.aad(record.codec));
-            key.0
-                .open_in_place(place.nonce(), aad, &mut buf)
-                .map_err(|_| FrameError::Authentication)?
-        }
-        None => &buf,
-    };
-    let out = match record.codec {
-        Codec::Raw => plain.to_vec(),
-        Codec::Lz4 => lz4_flex::block::decompress(plain, logical_len)
-            .map_err(|e| FrameError::Corrupt(format!("lz4: {e}")))?,
-        Codec::Zstd => zstd::bulk::decompress(plain, logical_len)
-            .map_err(|e| FrameError::Corrupt(format!("zstd: {e}")))?,
-    };
-    if out.len() != logical_len {
+    let start = out.len();
+    let decoded = decode_verified(stored, record, logical_len, key, place, out);
+    if decoded.is_err() {
+        out.truncate(start);
+    } else if out.len() - start != logical_len {
+        let got = out.len() - start;
+        out.truncate(start);
         return Err(FrameError::Corrupt(format!(
-            "{} bytes where the chunk has {logical_len}",
-            out.len()
+            "{got} bytes where the chunk has {logical_len}"
         )));
     }
-    Ok(out)
+    decoded
+}
+
+/// Opens (if encrypted) and decompresses a frame whose CRC matched.
+fn decode_verified(
+    stored: &[u8],
+    record: &FrameRecord,
+    logical_len: usize,
+    key: Option<&SegmentKey>,
+    place: &FramePlace,
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    let start = out.len();
+    // Encrypted: opened in place, in `out` for a raw chunk (its final
+    // place), else in a buffer on the stack.
+    let mut scratch = [0u8; MAX_STORED_FRAME_BYTES];
+    let plain: &[u8] = match (key, record.codec) {
+        (None, _) => stored,
+        (Some(key), codec) => {
+            let aad = Aad::from(place.aad(codec));
+            let buf: &mut [u8] = if codec == Codec::Raw {
+                out.extend_from_slice(stored);
+                &mut out[start..]
+            } else {
+                let b = &mut scratch[..stored.len()];
+                b.copy_from_slice(stored);
+                b
+            };
+            let opened = key.0.open_in_place(place.nonce(), aad, buf);
+            let n = opened.map_err(|_| FrameError::Authentication)?.len();
+            if codec == Codec::Raw {
+                out.truncate(start + n);
+                return Ok(());
+            }
+            &scratch[..n]
+        }
+    };
+    match record.codec {
+        Codec::Raw => out.extend_from_slice(plain),
+        Codec::Lz4 => {
+            out.resize(start + logical_len, 0);
+            let n = lz4_flex::block::decompress_into(plain, &mut out[start..])
+                .map_err(|e| FrameError::Corrupt(format!("lz4: {e}")))?;
+            out.truncate(start + n);
+        }
+        Codec::Zstd => {
+            out.resize(start + logical_len, 0);
+            let n = zstd_decompress(plain, &mut out[start..])
+                .map_err(|e| FrameError::Corrupt(format!("zstd: {e}")))?;
+            out.truncate(start + n);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

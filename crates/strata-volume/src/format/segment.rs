@@ -464,15 +464,31 @@ pub fn encode_segment_v2(
     data: &[u8],
     settings: FrameSettings<'_>,
 ) -> (Vec<u8>, Vec<u8>) {
+    let mut frames = Vec::new();
+    let header = encode_segment_v2_into(seq, volume_uuid, span, entries, data, settings, &mut frames);
+    (header, frames)
+}
+
+/// `encode_segment_v2`, its frames written into `frames` (a reused
+/// buffer); returns the header.
+pub fn encode_segment_v2_into(
+    seq: u64,
+    volume_uuid: &[u8; 16],
+    span: &JournalSpan,
+    entries: &[Entry],
+    data: &[u8],
+    settings: FrameSettings<'_>,
+    frames: &mut Vec<u8>,
+) -> Vec<u8> {
     let key = settings
         .encryption
         .map(|(dek, salt)| (SegmentKey::derive(dek, &salt), salt));
-    let (records, stored) = encode_frames(
+    let records = encode_frames(
         data,
         settings.compression,
         key.as_ref().map(|(k, _)| k),
-        *volume_uuid,
-        seq,
+        (*volume_uuid, seq),
+        frames,
     );
     let mut entry_table =
         Vec::with_capacity(4 * records.len() + ENTRY_BYTES * entries.len() + TAG_BYTES);
@@ -516,7 +532,7 @@ pub fn encode_segment_v2(
     h[96..100].copy_from_slice(&tables_crc.to_le_bytes());
     let header_crc = crc32c::crc32c(&h[0..100]);
     h[100..104].copy_from_slice(&header_crc.to_le_bytes());
-    (h, stored)
+    h
 }
 
 #[cfg(test)]

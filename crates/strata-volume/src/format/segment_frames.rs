@@ -23,7 +23,7 @@
 use std::ops::Range;
 
 use super::frame::{
-    decode_frame, encode_frame, Codec, Compression, FramePlace, FrameRecord, SegmentKey,
+    decode_frame_into, encode_frame_into, Codec, Compression, FramePlace, FrameRecord, SegmentKey,
     FRAME_LOGICAL_BYTES, FRAME_RECORD_BYTES, TAG_BYTES,
 };
 
@@ -144,7 +144,18 @@ impl FrameTable {
     /// The logical bytes of the chunks whose stored frames `stored` holds,
     /// from chunk `first` on, each verified (and opened, if encrypted).
     pub fn decode_run(&self, first: u64, stored: &[u8]) -> Result<Vec<u8>, String> {
-        let mut out = Vec::with_capacity(stored.len().max(FRAME_LOGICAL_BYTES));
+        // The chunks' logical size, so `out` is allocated once.
+        let (mut n, mut chunks) = (0usize, 0u64);
+        for r in self.records.iter().skip(first as usize) {
+            if n >= stored.len() {
+                break;
+            }
+            n += usize::from(r.stored_len);
+            chunks += 1;
+        }
+        let logical_end = ((first + chunks) * FRAME_LOGICAL_BYTES as u64).min(self.data_bytes);
+        let logical = logical_end.saturating_sub(first * FRAME_LOGICAL_BYTES as u64);
+        let mut out = Vec::with_capacity(logical as usize);
         let mut at = 0usize;
         let mut chunk = first;
         while at < stored.len() {
@@ -163,9 +174,8 @@ impl FrameTable {
                 seq: self.seq,
                 chunk,
             };
-            let plain = decode_frame(frame, record, logical, self.key.as_ref(), &place)
+            decode_frame_into(frame, record, logical, self.key.as_ref(), &place, &mut out)
                 .map_err(|e| format!("chunk {chunk}: {e}"))?;
-            out.extend_from_slice(&plain);
             at += len;
             chunk += 1;
         }
@@ -174,25 +184,25 @@ impl FrameTable {
 }
 
 /// The frames of `data` (a segment's logical data area): the records for
-/// the table, and the stored bytes of the data area.
+/// the table; the frames are appended to `out` (emptied first: a buffer
+/// reused across segments, so no page is touched for the first time).
 pub fn encode_frames(
     data: &[u8],
     compression: Compression,
     key: Option<&SegmentKey>,
-    volume_uuid: [u8; 16],
-    seq: u64,
-) -> (Vec<FrameRecord>, Vec<u8>) {
+    (volume_uuid, seq): ([u8; 16], u64),
+    out: &mut Vec<u8>,
+) -> Vec<FrameRecord> {
+    out.clear();
+    out.reserve(data.len() + data.len() / 64);
     let mut records = Vec::with_capacity(data.len().div_ceil(FRAME_LOGICAL_BYTES));
-    let mut stored = Vec::with_capacity(data.len());
     for (i, chunk) in data.chunks(FRAME_LOGICAL_BYTES).enumerate() {
         let place = FramePlace {
             volume_uuid,
             seq,
             chunk: i as u64,
         };
-        let (bytes, record) = encode_frame(chunk, compression, key, &place);
-        stored.extend_from_slice(&bytes);
-        records.push(record);
+        records.push(encode_frame_into(chunk, compression, key, &place, out));
     }
-    (records, stored)
+    records
 }

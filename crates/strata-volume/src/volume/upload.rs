@@ -26,7 +26,8 @@ impl Volume {
         sealed: Arc<SealedSegment>,
         ckpt: Option<CheckpointJob>,
     ) {
-        let (header, stored) = match encode_sealed(&self.at_rest, self.uuid, &sealed).await {
+        let encoded = encode_sealed(&self.at_rest, self.uuid, &sealed, || self.take_buffer());
+        let (header, stored) = match encoded.await {
             Ok(encoded) => encoded,
             Err(e) => {
                 // Nothing written: the journal still holds the data, and
@@ -39,6 +40,7 @@ impl Volume {
             }
         };
         let object_bytes = header.len() as u64 + stored.len() as u64;
+        let at_rest_frames = self.at_rest.writes_frames() && header.get(8) == Some(&2);
         let path = self.names.segment(sealed.seq);
         // Held until the disk cache's writer has room for the data (below):
         // a writer that falls behind slows the uploads rather than lose
@@ -63,6 +65,13 @@ impl Volume {
         }
         if sealed.gc_copies > 0 {
             crash_point("gc.after_copy_put");
+        }
+        // Version 2 frames were encoded into a pool buffer: back to the pool
+        // (the put's clones are gone; version 1 shares the segment's own).
+        if at_rest_frames {
+            if let Ok(frames) = stored.try_into_mut() {
+                self.recycle_buffer(frames.into());
+            }
         }
         self.segments_uploaded.fetch_add(1, Ordering::Relaxed);
         self.bytes_uploaded
