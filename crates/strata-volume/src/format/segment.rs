@@ -326,7 +326,8 @@ impl SegmentIndex {
             return Ok(Cow::Borrowed(stored));
         }
         let Some(frames) = &self.frames else {
-            unreachable!("version 1 chunks are stored as they are");
+            // `stored_as_is` holds for every version 1 run.
+            return Err("a version 1 run that is not stored as it is (a bug)".into());
         };
         let plain = frames.decode_run(first_chunk, stored)?;
         // The frame's own CRC and tag passed: a mismatch here is a codec
