@@ -302,7 +302,10 @@ fn compress_into(chunk: &[u8], compression: Compression, out: &mut Vec<u8>) -> C
     let limit = chunk.len() - chunk.len() / 8;
     match compression {
         Compression::Lz4 => {
-            out.resize(start + lz4_flex::block::get_maximum_output_size(chunk.len()), 0);
+            out.resize(
+                start + lz4_flex::block::get_maximum_output_size(chunk.len()),
+                0,
+            );
             if let Ok(n) = lz4_flex::block::compress_into(chunk, &mut out[start..]) {
                 if n <= limit {
                     out.truncate(start + n);

@@ -466,7 +466,8 @@ pub fn encode_segment_v2(
     settings: FrameSettings<'_>,
 ) -> (Vec<u8>, Vec<u8>) {
     let mut frames = Vec::new();
-    let header = encode_segment_v2_into(seq, volume_uuid, span, entries, data, settings, &mut frames);
+    let header =
+        encode_segment_v2_into(seq, volume_uuid, span, entries, data, settings, &mut frames);
     (header, frames)
 }
 
