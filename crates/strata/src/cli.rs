@@ -50,6 +50,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "STRATA_KEY_FILE", value_name = "FILE")]
     pub key_file: Option<PathBuf>,
 
+    /// Log lines on stderr: `text` for people, `json` (one object per line:
+    /// timestamp, level, target, message and fields such as volume and
+    /// object) for log shippers. STRATA_LOG sets the level (default info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "STRATA_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -324,6 +330,12 @@ pub struct GcArgs {
     /// local disk cache already serves such reads.
     #[arg(long, value_enum, default_value_t = OnOffAuto::Auto)]
     pub gc_rewrite_reads: OnOffAuto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

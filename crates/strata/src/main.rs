@@ -19,13 +19,14 @@ use strata_store::{FaultConfig, LayerConfig, RetryPolicy, Store};
 use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
 
 use crate::cli::{
-    Cli, Command, DurabilityArg, GcArgs, KeyCommand, OnOff, OnOffAuto, ServeArgs, VolumeCommand,
+    Cli, Command, DurabilityArg, GcArgs, KeyCommand, LogFormat, OnOff, OnOffAuto, ServeArgs,
+    VolumeCommand,
 };
 use crate::size::{format_size, size_option};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -36,8 +37,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let log_format = cli.log_format;
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if log_format == LogFormat::Json => {
+            // A shipper parses every line: the last one too.
+            tracing::error!(error = %format!("{e:#}"), "strata: error");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("strata: error: {e:#}");
             ExitCode::FAILURE
@@ -45,14 +52,24 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One JSON object per line (timestamp, level, target, message and
+        // every field at the top level), for log shippers.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+    }
 }
 
 fn default_data_dir() -> anyhow::Result<PathBuf> {
