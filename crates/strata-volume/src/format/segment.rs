@@ -119,18 +119,20 @@ pub fn encode_header(
 ) -> Vec<u8> {
     let chunk_count = data.len().div_ceil(CHUNK_BYTES as usize);
     let header_bytes = FIXED_HEADER_BYTES + 4 * chunk_count + ENTRY_BYTES * entries.len();
+    let fixed = FixedHeader {
+        version: VERSION,
+        flags: 0,
+        header_bytes: header_bytes as u32,
+        seq,
+        volume_uuid: *volume_uuid,
+        span: *span,
+        entry_count: entries.len() as u32,
+        chunk_count: chunk_count as u32,
+        data_bytes: data.len() as u64,
+        tables_crc: 0,
+    };
     let mut h = Vec::with_capacity(header_bytes);
-    h.extend_from_slice(MAGIC);
-    h.extend_from_slice(&VERSION.to_le_bytes());
-    h.extend_from_slice(&0u16.to_le_bytes());
-    h.extend_from_slice(&(header_bytes as u32).to_le_bytes());
-    h.extend_from_slice(&seq.to_le_bytes());
-    h.extend_from_slice(volume_uuid);
-    span.encode_into(&mut h);
-    h.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    h.extend_from_slice(&(chunk_count as u32).to_le_bytes());
-    h.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    h.extend_from_slice(&[0u8; 8]);
+    fixed.encode_into(&mut h);
     for chunk in data.chunks(CHUNK_BYTES as usize) {
         h.extend_from_slice(&crc32c::crc32c(chunk).to_le_bytes());
     }
@@ -138,10 +140,7 @@ pub fn encode_header(
         encode_entry(&mut h, e);
     }
     debug_assert_eq!(h.len(), header_bytes);
-    let tables_crc = crc32c::crc32c(&h[FIXED_HEADER_BYTES..]);
-    h[96..100].copy_from_slice(&tables_crc.to_le_bytes());
-    let header_crc = crc32c::crc32c(&h[0..100]);
-    h[100..104].copy_from_slice(&header_crc.to_le_bytes());
+    seal_checksums(&mut h);
     h
 }
 
@@ -173,7 +172,32 @@ pub struct FixedHeader {
     tables_crc: u32,
 }
 
+/// Fills in the CRC of the tables (bytes 104..) and of the fixed part of a
+/// header whose tables are written.
+fn seal_checksums(h: &mut [u8]) {
+    let tables_crc = crc32c::crc32c(&h[FIXED_HEADER_BYTES..]);
+    h[96..100].copy_from_slice(&tables_crc.to_le_bytes());
+    let header_crc = crc32c::crc32c(&h[0..100]);
+    h[100..104].copy_from_slice(&header_crc.to_le_bytes());
+}
+
 impl FixedHeader {
+    /// Appends the 104 fixed bytes, checksums zero (`seal_checksums` fills
+    /// them once the tables follow).
+    fn encode_into(&self, h: &mut Vec<u8>) {
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&self.version.to_le_bytes());
+        h.extend_from_slice(&self.flags.to_le_bytes());
+        h.extend_from_slice(&self.header_bytes.to_le_bytes());
+        h.extend_from_slice(&self.seq.to_le_bytes());
+        h.extend_from_slice(&self.volume_uuid);
+        self.span.encode_into(h);
+        h.extend_from_slice(&self.entry_count.to_le_bytes());
+        h.extend_from_slice(&self.chunk_count.to_le_bytes());
+        h.extend_from_slice(&self.data_bytes.to_le_bytes());
+        h.extend_from_slice(&[0u8; 8]);
+    }
+
     pub fn decode(b: &[u8]) -> Result<FixedHeader, String> {
         if b.len() < FIXED_HEADER_BYTES {
             return Err(format!("segment header truncated ({} bytes)", b.len()));
@@ -512,28 +536,27 @@ pub fn encode_segment_v2_into(
     let flags = if key.is_some() { FLAG_ENCRYPTED } else { 0 };
     let header_bytes =
         FIXED_HEADER_BYTES + FRAME_RECORD_BYTES * records.len() + SALT_BYTES + entry_table.len();
+    let fixed = FixedHeader {
+        version: VERSION_FRAMES,
+        flags,
+        header_bytes: header_bytes as u32,
+        seq,
+        volume_uuid: *volume_uuid,
+        span: *span,
+        entry_count: entries.len() as u32,
+        chunk_count: records.len() as u32,
+        data_bytes: data.len() as u64,
+        tables_crc: 0,
+    };
     let mut h = Vec::with_capacity(header_bytes);
-    h.extend_from_slice(MAGIC);
-    h.extend_from_slice(&VERSION_FRAMES.to_le_bytes());
-    h.extend_from_slice(&flags.to_le_bytes());
-    h.extend_from_slice(&(header_bytes as u32).to_le_bytes());
-    h.extend_from_slice(&seq.to_le_bytes());
-    h.extend_from_slice(volume_uuid);
-    span.encode_into(&mut h);
-    h.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    h.extend_from_slice(&(records.len() as u32).to_le_bytes());
-    h.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    h.extend_from_slice(&[0u8; 8]);
+    fixed.encode_into(&mut h);
     for r in &records {
         h.extend_from_slice(&r.encode());
     }
     h.extend_from_slice(&salt);
     h.extend_from_slice(&entry_table);
     debug_assert_eq!(h.len(), header_bytes);
-    let tables_crc = crc32c::crc32c(&h[FIXED_HEADER_BYTES..]);
-    h[96..100].copy_from_slice(&tables_crc.to_le_bytes());
-    let header_crc = crc32c::crc32c(&h[0..100]);
-    h[100..104].copy_from_slice(&header_crc.to_le_bytes());
+    seal_checksums(&mut h);
     h
 }
 

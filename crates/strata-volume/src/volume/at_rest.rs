@@ -7,13 +7,44 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use object_store::{PutMode, PutPayload};
+
 use super::Volume;
 use crate::at_rest::wrap_record;
 use crate::error::VolumeError;
 use crate::format::frame::Compression;
 use crate::format::key_wrap::Key;
+use crate::format::sealed_object::SealedKind;
+use crate::write::segment_put::put_with_retry;
 
 impl Volume {
+    /// Stores a map object (a checkpoint or a snapshot delta, `kind` of
+    /// `seq`) at `path`, sealed whole for an encrypted volume, overwriting a
+    /// retried attempt; returns the bytes stored.
+    pub(crate) async fn put_map_object(
+        &self,
+        path: &object_store::path::Path,
+        inner: Bytes,
+        (kind, seq): (SealedKind, u64),
+    ) -> Result<u64, String> {
+        let bytes = self
+            .at_rest
+            .seal_object(inner, kind, seq, &self.uuid)
+            .map_err(|e| format!("{path} not sealed: {e}"))?;
+        let payload = || PutPayload::from(bytes.clone());
+        let put = put_with_retry(
+            &self.store,
+            &self.ownership,
+            &self.name,
+            path,
+            &payload,
+            PutMode::Overwrite,
+        );
+        put.await.map_err(|e| format!("{path} not stored: {e}"))?;
+        Ok(bytes.len() as u64)
+    }
+
     /// The compression new segments are written with.
     pub fn compression(&self) -> Compression {
         self.at_rest.compression()

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use object_store::{PutMode, PutPayload};
 
 use super::{CheckpointJob, MapEdit, Volume};
 use crate::clock::now_ms;
@@ -17,7 +16,6 @@ use crate::format::manifest::Manifest;
 use crate::format::sealed_object::SealedKind;
 use crate::format::segment::JournalSpan;
 use crate::gc::{add_pending, deletion_candidates, Unreferenced};
-use crate::write::segment_put::put_with_retry;
 use crate::write::state::State;
 
 impl Volume {
@@ -120,22 +118,10 @@ impl Volume {
             return Err(detail.clone());
         }
         let path = self.names.checkpoint(seq);
-        let bytes = self
-            .at_rest
-            .seal_object(job.bytes.clone(), SealedKind::Checkpoint, seq, &self.uuid)
-            .map_err(|e| format!("checkpoint {seq} not sealed: {e}"))?;
-        let payload = || PutPayload::from(bytes.clone());
-        let put = put_with_retry(
-            &self.store,
-            &self.ownership,
-            &self.name,
-            &path,
-            &payload,
-            PutMode::Overwrite,
-        );
-        if let Err(e) = put.await {
+        let kind = (SealedKind::Checkpoint, seq);
+        if let Err(e) = self.put_map_object(&path, job.bytes.clone(), kind).await {
             tracing::error!(volume = %self.name, seq, error = %e, "checkpoint not stored");
-            return Err(format!("checkpoint {seq} not stored: {e}"));
+            return Err(format!("checkpoint {seq}: {e}"));
         }
         let named = self
             .write_manifest_checkpoint(seq, &job.unreferenced, extra)

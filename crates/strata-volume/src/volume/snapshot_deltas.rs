@@ -11,8 +11,6 @@
 
 use std::sync::Arc;
 
-use object_store::{PutMode, PutPayload};
-
 use super::Volume;
 use crate::error::VolumeError;
 use crate::format::manifest::{DeltaRecord, Manifest, SnapshotRecord};
@@ -21,7 +19,6 @@ use crate::format::snapshot_delta::{self, DeltaInfo, DeltaPiece};
 use crate::map::ExtentMap;
 use crate::objects::read_snapshot_delta;
 use crate::snapshot::{overlay, ChangedRanges};
-use crate::write::segment_put::put_with_retry;
 
 /// What deleting a snapshot does to the chain, worked out before the
 /// manifest write.
@@ -58,25 +55,12 @@ impl Volume {
             volume_size_bytes: size_bytes,
         };
         let inner = bytes::Bytes::from(snapshot_delta::encode(&info, pieces));
-        let bytes = self
-            .at_rest
-            .seal_object(inner, SealedKind::SnapshotDelta, to, &self.uuid)
-            .map_err(|e| format!("snapshot delta {to}-{from} not sealed: {e}"))?;
         let path = self.names.snapshot_delta(to, from);
-        let payload = || PutPayload::from(bytes.clone());
-        let put = put_with_retry(
-            &self.store,
-            &self.ownership,
-            &self.name,
-            &path,
-            &payload,
-            PutMode::Overwrite,
-        );
-        put.await
-            .map_err(|e| format!("snapshot delta {path} not stored: {e}"))?;
+        let kind = (SealedKind::SnapshotDelta, to);
+        let bytes = self.put_map_object(&path, inner, kind).await;
         Ok(DeltaRecord {
             from_checkpoint_seq: from,
-            bytes: bytes.len() as u64,
+            bytes: bytes.map_err(|e| format!("snapshot delta {e}"))?,
         })
     }
 

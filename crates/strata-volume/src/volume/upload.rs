@@ -40,7 +40,6 @@ impl Volume {
             }
         };
         let object_bytes = header.len() as u64 + stored.len() as u64;
-        let at_rest_frames = self.at_rest.writes_frames() && header.get(8) == Some(&2);
         let path = self.names.segment(sealed.seq);
         // Held until the disk cache's writer has room for the data (below):
         // a writer that falls behind slows the uploads rather than lose
@@ -67,11 +66,10 @@ impl Volume {
             crash_point("gc.after_copy_put");
         }
         // Version 2 frames were encoded into a pool buffer: back to the pool
-        // (the put's clones are gone; version 1 shares the segment's own).
-        if at_rest_frames {
-            if let Ok(frames) = stored.try_into_mut() {
-                self.recycle_buffer(frames.into());
-            }
+        // (the put's clones are gone). Version 1's data area shares the
+        // segment's own buffer (`Bytes::from_owner`), which this refuses.
+        if let Ok(frames) = stored.try_into_mut() {
+            self.recycle_buffer(frames.into());
         }
         self.segments_uploaded.fetch_add(1, Ordering::Relaxed);
         self.bytes_uploaded
