@@ -40,6 +40,6 @@ pub use config::ServerConfig;
 pub use device::{
     Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
 };
-pub use listen::{ListenAddr, ParseListenAddrError};
+pub use listen::{InheritedListener, ListenAddr, ParseListenAddrError};
 pub use server::Server;
 pub use tls::{Tls, TlsMode};

@@ -1,8 +1,10 @@
 //! Listening addresses: parsing and printing `unix:` / `tcp:` addresses,
 //! binding them (replacing stale unix socket files, refusing live ones),
+//! adopting listeners bound by someone else (systemd socket activation),
 //! accepting connections (TCP_NODELAY on), splitting accepted streams (the
 //! write half telling the reply writer its send queue), and removing our
-//! socket files at the end.
+//! socket files at the end (never those of adopted listeners: their owner
+//! keeps them, so clients queue in their backlog while we restart).
 
 use std::fmt;
 use std::io;
@@ -154,6 +156,40 @@ async fn remove_if_stale(path: &Path) -> io::Result<()> {
             std::fs::remove_file(path)
         }
         Err(error) => Err(error),
+    }
+}
+
+/// A listening socket bound by another process and passed to this one
+/// (systemd's `LISTEN_FDS`): the server accepts on it but never binds,
+/// unlinks or closes its address for good; the owner keeps it open across
+/// our restarts, so connections wait in its backlog instead of being
+/// refused.
+#[derive(Debug)]
+pub enum InheritedListener {
+    Unix(std::os::unix::net::UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+/// Registers an inherited listener with the runtime; returns it with its
+/// address (an unnamed unix socket is reported as `unix:<inherited>`).
+pub(crate) fn adopt(inherited: InheritedListener) -> io::Result<(Listener, ListenAddr)> {
+    match inherited {
+        InheritedListener::Tcp(listener) => {
+            listener.set_nonblocking(true)?;
+            let listener = TcpListener::from_std(listener)?;
+            let addr = ListenAddr::Tcp(listener.local_addr()?);
+            Ok((Listener::Tcp(listener), addr))
+        }
+        InheritedListener::Unix(listener) => {
+            listener.set_nonblocking(true)?;
+            let path = listener
+                .local_addr()?
+                .as_pathname()
+                .map_or_else(|| PathBuf::from("<inherited>"), Path::to_path_buf);
+            let addr = ListenAddr::Unix(path);
+            let listener = UnixListener::from_std(listener)?;
+            Ok((Listener::Unix(listener, addr.to_string()), addr))
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use crate::budget::ByteBudget;
 use crate::config::ServerConfig;
 use crate::connection::{self, Shared};
 use crate::device::ExportProvider;
-use crate::listen::{self, Accepted, ListenAddr, Listener, SocketFile};
+use crate::listen::{self, Accepted, InheritedListener, ListenAddr, Listener, SocketFile};
 use crate::tls::Tls;
 
 /// Pause after a failed accept (e.g. out of file descriptors).
@@ -54,8 +54,21 @@ impl<P: ExportProvider> Server<P> {
         addrs: &[ListenAddr],
         config: ServerConfig,
     ) -> io::Result<Self> {
+        Self::bind_and_adopt(provider, addrs, Vec::new(), config).await
+    }
+
+    /// Like [`bind`](Server::bind), and also serves on listeners another
+    /// process bound and passed to this one (systemd socket activation):
+    /// those are never unlinked, so clients queue in their backlog while
+    /// this server restarts. At least one address or listener is needed.
+    pub async fn bind_and_adopt(
+        provider: Arc<P>,
+        addrs: &[ListenAddr],
+        inherited: Vec<InheritedListener>,
+        config: ServerConfig,
+    ) -> io::Result<Self> {
         config.validate()?;
-        if addrs.is_empty() {
+        if addrs.is_empty() && inherited.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "no listen address given",
@@ -79,6 +92,16 @@ impl<P: ExportProvider> Server<P> {
                 )
             })?;
             tracing::info!(addr = %local, "listening");
+            server.listeners.push((listener, local));
+        }
+        for listener in inherited {
+            let (listener, local) = listen::adopt(listener).map_err(|error| {
+                io::Error::new(
+                    error.kind(),
+                    format!("cannot use a listening socket passed by systemd: {error}"),
+                )
+            })?;
+            tracing::info!(addr = %local, "listening (socket passed by systemd)");
             server.listeners.push((listener, local));
         }
         Ok(server)

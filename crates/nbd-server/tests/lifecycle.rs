@@ -16,7 +16,7 @@ use common::mem_device::{Exports, MemDevice};
 use common::raw::RawClient;
 use common::within;
 use nbd_proto::consts::*;
-use nbd_server::{ListenAddr, Server, ServerConfig};
+use nbd_server::{InheritedListener, ListenAddr, Server, ServerConfig};
 use tokio::sync::{oneshot, Semaphore};
 
 fn provider() -> Arc<Exports<MemDevice>> {
@@ -234,4 +234,59 @@ async fn shutdown_grace_cuts_stuck_requests() {
         }
     })
     .await;
+}
+
+/// Socket activation: a listener bound by someone else (systemd) is served,
+/// left in place at shutdown, and a client that connects while no server
+/// runs waits in its backlog and is served by the next server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_listener_outlives_the_server_and_queues_clients() {
+    common::init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("held.sock");
+    let held = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let expected = vec![ListenAddr::Unix(path.clone())];
+    let expected = &expected;
+    let start = |listener: std::os::unix::net::UnixListener| async move {
+        let server = Server::bind_and_adopt(
+            provider(),
+            &[],
+            vec![InheritedListener::Unix(listener)],
+            ServerConfig::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            &server.local_addrs(),
+            expected,
+            "the adopted socket's path is reported"
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        (stop, task)
+    };
+
+    let (stop, task) = start(held.try_clone().unwrap()).await;
+    let mut first = RawClient::unix(&path).await;
+    first.go("", false, false).await;
+    stop.send(()).unwrap();
+    assert!(within(5, first.closed_by_server()).await);
+    within(5, task).await.unwrap().unwrap();
+    assert!(
+        path.exists(),
+        "the adopted socket's file is its owner's to remove"
+    );
+
+    // No server runs: the connection waits in the held socket's backlog.
+    let mut queued = RawClient::unix(&path).await;
+    let (stop, task) = start(held.try_clone().unwrap()).await;
+    queued.go("", false, false).await;
+    queued.send_request(0, CMD_READ, 7, 0, 512).await;
+    let reply = within(5, queued.read_reply(512)).await;
+    assert_eq!((reply.handle(), reply.error()), (7, 0));
+    stop.send(()).unwrap();
+    within(5, task).await.unwrap().unwrap();
+    assert!(path.exists());
 }

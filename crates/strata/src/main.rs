@@ -6,6 +6,7 @@ mod nbd_volume;
 mod serve;
 mod size;
 mod snapshot_cmd;
+mod socket_activation;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -27,6 +28,11 @@ use crate::size::{format_size, size_option};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    // Before the runtime's threads start: this clears LISTEN_* variables.
+    let inherited = match &cli.command {
+        Command::Serve(_) => socket_activation::take_inherited_listeners(),
+        _ => Ok(Vec::new()),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -38,7 +44,7 @@ fn main() -> ExitCode {
         }
     };
     let log_format = cli.log_format;
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, inherited)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if log_format == LogFormat::Json => {
             // A shipper parses every line: the last one too.
@@ -208,11 +214,17 @@ fn auto_size(option: &str, value: &str, remote: bool, remote_default: u64) -> an
     size_option(option, value)
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(
+    cli: Cli,
+    inherited: anyhow::Result<Vec<nbd_server::InheritedListener>>,
+) -> anyhow::Result<()> {
     match &cli.command {
         Command::Volume(cmd) => volume_command(&engine(&cli, None).await?, cmd).await,
         Command::Snapshot(cmd) => snapshot_cmd::run(&engine(&cli, None).await?, cmd).await,
-        Command::Serve(args) => serve::serve(engine(&cli, Some(args)).await?, args).await,
+        Command::Serve(args) => {
+            let inherited = inherited?;
+            serve::serve(engine(&cli, Some(args)).await?, args, inherited).await
+        }
         Command::Key(cmd) => key_command(&cli, cmd),
     }
 }

@@ -4,19 +4,26 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use nbd_server::{ListenAddr, Server, ServerConfig, Tls, TlsMode};
+use nbd_server::{InheritedListener, ListenAddr, Server, ServerConfig, Tls, TlsMode};
 use strata_volume::{Engine, EngineStats, VolumeError, VolumeInfo};
 
 use crate::cli::{ServeArgs, TlsArgs, TlsModeArg};
 use crate::nbd_volume::VolumeExports;
 use crate::size::{parse_size, size_option};
 
-pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
+/// Serves until SIGTERM or SIGINT, on `--listen` addresses and on the
+/// listening sockets systemd passed (`inherited`; the default address is
+/// only used when there are neither).
+pub async fn serve(
+    engine: Engine,
+    args: &ServeArgs,
+    inherited: Vec<InheritedListener>,
+) -> anyhow::Result<()> {
     let engine = Arc::new(engine);
     for spec in &args.create {
         create_if_missing(&engine, spec).await?;
     }
-    let addrs = listen_addrs(&engine, args)?;
+    let addrs = listen_addrs(&engine, args, !inherited.is_empty())?;
     let config = ServerConfig {
         max_in_flight_per_connection: args.max_in_flight.max(1),
         max_in_flight_bytes: size_option("--max-in-flight-bytes", &args.max_in_flight_bytes)?,
@@ -32,7 +39,7 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     });
     let tls = tls_settings(&args.tls)?;
     let stop = shutdown_signal();
-    let mut server = Server::bind(exports, &addrs, config)
+    let mut server = Server::bind_and_adopt(exports, &addrs, inherited, config)
         .await
         .context("cannot listen")?;
     let tls_on = tls.is_some();
@@ -48,7 +55,9 @@ pub async fn serve(engine: Engine, args: &ServeArgs) -> anyhow::Result<()> {
     print_uris(&volumes, &server.local_addrs(), tls_on)?;
     let stats_task = start_stats(&engine, args);
     let control_task = crate::control::listen(engine.clone()).await?;
+    crate::socket_activation::notify_ready();
     let result = server.run(stop).await;
+    crate::socket_activation::notify_stopping();
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
     stats_task.abort();
@@ -188,7 +197,14 @@ async fn create_if_missing(engine: &Engine, spec: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn listen_addrs(engine: &Engine, args: &ServeArgs) -> anyhow::Result<Vec<ListenAddr>> {
+fn listen_addrs(
+    engine: &Engine,
+    args: &ServeArgs,
+    socket_activated: bool,
+) -> anyhow::Result<Vec<ListenAddr>> {
+    if args.listen.is_empty() && socket_activated {
+        return Ok(Vec::new());
+    }
     if args.listen.is_empty() {
         let dir = &engine.config().data_dir;
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -200,7 +216,6 @@ fn listen_addrs(engine: &Engine, args: &ServeArgs) -> anyhow::Result<Vec<ListenA
         .collect()
 }
 
-/// Prints the URI of each volume at each address, then `ready`.
 /// The server's TLS from `--tls*`, the files read and checked now (a bad
 /// one stops the start with the reason).
 fn tls_settings(args: &TlsArgs) -> anyhow::Result<Option<Tls>> {
@@ -216,6 +231,7 @@ fn tls_settings(args: &TlsArgs) -> anyhow::Result<Option<Tls>> {
     Ok(Some(tls))
 }
 
+/// Prints the URI of each volume at each address, then `ready`.
 fn print_uris(volumes: &[VolumeInfo], addrs: &[ListenAddr], tls: bool) -> anyhow::Result<()> {
     let s = if tls { "s" } else { "" };
     for addr in addrs {

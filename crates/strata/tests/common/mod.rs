@@ -97,6 +97,43 @@ fn die_with_parent(cmd: &mut Command) {
     }
 }
 
+/// `cmd` started the way systemd starts a socket-activated service:
+/// `listener` as descriptor 3, `LISTEN_FDS=1` and `LISTEN_PID` = the pid
+/// of the process (set by a shell that then execs the command, keeping
+/// its pid).
+fn socket_activated(cmd: &Command, listener: Arc<std::os::unix::net::UnixListener>) -> Command {
+    use std::os::fd::AsRawFd;
+    let mut wrapped = Command::new("sh");
+    wrapped
+        .arg("-c")
+        .arg(r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@""#)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    let fd = listener.as_raw_fd();
+    // SAFETY: dup2 and fcntl are async-signal-safe; the listener outlives
+    // the spawn (the closure owns a reference to it).
+    unsafe {
+        wrapped.pre_exec(move || {
+            let _keep = &listener;
+            if fd != 3 && libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // dup2 clears close-on-exec on the copy, but not when fd == 3.
+            if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    wrapped
+}
+
 fn spawn_collector<R: Read + Send + 'static>(mut r: R, buf: Arc<Mutex<Vec<u8>>>) {
     thread::spawn(move || {
         let mut chunk = [0u8; 8192];
@@ -473,6 +510,9 @@ pub struct Server {
     pub banner: Vec<String>,
     starts: u32,
     stderr_shown: bool,
+    /// The listening socket this harness holds and passes to every start
+    /// (systemd socket activation): clients queue in it across restarts.
+    held_socket: Option<Arc<std::os::unix::net::UnixListener>>,
 }
 
 impl Server {
@@ -525,7 +565,19 @@ impl Server {
             banner: Vec::new(),
             starts: 0,
             stderr_shown: false,
+            held_socket: None,
         }
+    }
+
+    /// From the next start on, the server gets its listening socket the
+    /// way systemd passes it (`LISTEN_FDS=1`, `LISTEN_PID`, descriptor 3)
+    /// instead of `--listen`: the harness binds `socket` once and keeps it
+    /// across stops, kills and restarts, as systemd does.
+    pub fn hold_socket(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+        let listener = std::os::unix::net::UnixListener::bind(&self.socket)
+            .unwrap_or_else(|e| panic!("bind {}: {e}", self.socket.display()));
+        self.held_socket = Some(Arc::new(listener));
     }
 
     pub fn store_dir(&self) -> PathBuf {
@@ -676,14 +728,19 @@ impl Server {
                     .arg(self.store_arg())
                     .arg("--data-dir")
                     .arg(self.data_dir())
-                    .arg("serve")
-                    .arg("--listen")
-                    .arg(format!("unix:{}", self.socket.display()));
+                    .arg("serve");
+                if self.held_socket.is_none() {
+                    c.arg("--listen")
+                        .arg(format!("unix:{}", self.socket.display()));
+                }
                 for (name, size) in &self.volumes {
                     c.arg("--create").arg(format!("{name}={}", size_arg(*size)));
                 }
                 c.args(extra);
-                c
+                match &self.held_socket {
+                    Some(listener) => socket_activated(&c, listener.clone()),
+                    None => c,
+                }
             }
             Target::NbdkitMemory | Target::NbdkitFile => {
                 // nbdkit refuses to start on a leftover socket.

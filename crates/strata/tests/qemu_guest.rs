@@ -1,0 +1,519 @@
+//! A QEMU guest whose root filesystem is a strata volume keeps running, with
+//! no I/O error, while the host restarts strata under it (issue 13).
+//!
+//! The guest (TCG, no KVM): Debian's kernel and initrd from /boot, and an
+//! ext4 root filesystem made here from busybox-static, with an init script
+//! that writes 1 MiB files with fsync, records their checksums, drops its
+//! page cache and verifies every file, round after round, until the host
+//! says `stop` on a second serial port; a second writer rewrites another
+//! file with fsync meanwhile, so requests are in flight at every event. The disk is virtio-blk over QEMU's
+//! NBD client (`reconnect-delay=60`, `cache.direct=on`) on a unix socket
+//! the harness holds and passes to each strata process as systemd does
+//! (socket activation), so the guest's reconnects wait in its backlog.
+//!
+//! Under the guest, the host: stops strata cleanly three times (SIGTERM,
+//! start again), kills it with -9 once (start again on the same data dir:
+//! the journal replays), and moves the volume to a second strata process
+//! with another data dir. After each event the guest must complete two
+//! more rounds. At the end: no `FAIL` line, no I/O error or read-only
+//! remount in the guest's kernel log, a final verification of every file,
+//! and `e2fsck -fn` of the volume clean. The guest's console log is kept
+//! (path in the failure message) when the test fails.
+//!
+//! Each event's hand-over time (the old server stops answering -> a new
+//! connection is answered by the next one) is printed for the record, not
+//! asserted (timings belong to the bench harness).
+
+// Test helpers outside #[test] functions unwrap too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Rounds the guest must complete after each host event.
+const ROUNDS_PER_EVENT: u64 = 2;
+/// How long the guest may take to boot (TCG on a busy 2-core machine).
+const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long the guest may take for `ROUNDS_PER_EVENT` rounds, an event
+/// included.
+const ROUNDS_TIMEOUT: Duration = Duration::from_secs(240);
+/// The guest's root filesystem.
+const ROOT_SIZE_BYTES: u64 = 128 * MIB;
+/// Kernel log lines that mean the guest saw a failed request.
+const KERNEL_ERROR_PATTERN: &str = "I/O error|Buffer I/O|EXT4-fs error|EXT4-fs warning|\
+Remounting filesystem read-only|blk_update_request|print_req_error|critical medium error|\
+Aborting journal";
+
+/// The guest's /sbin/init.
+const GUEST_INIT: &str = r#"#!/bin/sh
+# The guest of crates/strata/tests/qemu_guest.rs: writes and verifies files
+# until the host writes "stop" on the second serial port.
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+mount -o remount,rw /
+say() { echo "STRATA-TEST $*"; }
+fail() { echo "STRATA-TEST FAIL $*"; }
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+exec 3</dev/ttyS1
+mkdir -p /data
+verify() {
+    echo 3 > /proc/sys/vm/drop_caches
+    for sum in /data/*.md5; do
+        [ -e "$sum" ] || continue
+        (cd /data && md5sum -c -s "${sum##*/}") || fail "verify ${sum##*/} at $1"
+    done
+}
+say booted
+# A second writer keeps requests in flight whenever the host acts.
+(
+    j=0
+    while :; do
+        j=$((j+1))
+        dd if=/dev/urandom of=/data/load bs=64k count=16 conv=fsync 2>/dev/null \
+            || fail "background write $j"
+    done
+) &
+load=$!
+i=0
+while :; do
+    i=$((i+1))
+    slot=$((i % 12))
+    dd if=/dev/urandom of=/data/f$slot bs=64k count=16 conv=fsync 2>/tmp/dd.err \
+        || { fail "write f$slot round $i"; cat /tmp/dd.err; }
+    (cd /data && md5sum f$slot > f$slot.new && mv f$slot.new f$slot.md5) \
+        || fail "checksum f$slot round $i"
+    sync || fail "sync round $i"
+    verify "round $i"
+    grep -q ' / ext4 ro' /proc/mounts && fail "root filesystem read-only at round $i"
+    say "round $i ok"
+    if read -t 1 cmd <&3; then
+        case "$cmd" in stop*) break;; esac
+    fi
+done
+kill $load
+wait $load 2>/dev/null
+verify final
+sync
+errors=$(dmesg | grep -ciE 'KERNEL_ERROR_PATTERN')
+say "kernel-errors $errors"
+dmesg | grep -iE 'KERNEL_ERROR_PATTERN'
+mount -o remount,ro / || fail "remount read-only"
+say done
+poweroff -f
+"#;
+
+#[test]
+fn guest_runs_through_restarts_a_kill_and_a_move() {
+    let _serial = serial();
+    require_tools(&[
+        "qemu-system-x86_64",
+        "mkfs.ext4",
+        "e2fsck",
+        "busybox",
+        "nbdinfo",
+    ]);
+    let boot = GuestBoot::find();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let dir = tmp.path();
+    let image = make_root_image(dir);
+    let mut server = Server::new_stopped(&dir.join("srv"), Target::strata());
+    server.cli_ok(&["volume", "import", image.to_str().unwrap(), "vm"]);
+    server.volumes = vec![("vm".to_string(), ROOT_SIZE_BYTES)];
+    server.hold_socket();
+    server.start_again();
+
+    let mut guest = Guest::start(&boot, &server.socket, dir);
+    guest.wait_round(1, BOOT_TIMEOUT, "boot");
+    let mut handovers = Vec::new();
+    for n in 1..=3 {
+        handovers.push(Event::CleanRestart.run(&mut server, dir));
+        guest.next_rounds(&format!("clean restart {n}"));
+    }
+    handovers.push(Event::Kill9Restart.run(&mut server, dir));
+    guest.next_rounds("kill -9 and restart");
+    handovers.push(Event::MoveToNewDataDir.run(&mut server, dir));
+    guest.next_rounds("move to another data dir");
+    guest.stop_and_check();
+    for line in &handovers {
+        eprintln!("[handover] {line}");
+    }
+
+    server.stop();
+    let exported = dir.join("exported.img");
+    server.cli_ok(&["volume", "export", "vm", exported.to_str().unwrap()]);
+    let out = run_timeout(
+        Command::new("e2fsck").arg("-fn").arg(&exported),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "e2fsck -fn of the volume after the guest's run: {}\n{}{}",
+        out.status,
+        stdout_str(&out),
+        stderr_str(&out)
+    );
+}
+
+/// What the host does to strata under the running guest.
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    /// SIGTERM (a clean stop: replies to what was read, uploads, releases
+    /// the lease), then a new process on the same data dir.
+    CleanRestart,
+    /// SIGKILL, then a new process on the same data dir (journal replay).
+    Kill9Restart,
+    /// SIGTERM, then a new process with a new, empty data dir.
+    MoveToNewDataDir,
+}
+
+impl Event {
+    /// Runs the event; returns a line with its hand-over time.
+    fn run(self, server: &mut Server, dir: &Path) -> String {
+        let uri = server.vol_uri();
+        let mark = server.stderr().matches("shutting down").count();
+        let t0 = Instant::now();
+        let probe = match self {
+            Event::CleanRestart | Event::MoveToNewDataDir => {
+                server.signal(libc::SIGTERM);
+                // Probe once the old server no longer accepts: its answer
+                // then comes from the next process.
+                wait_for_log(server, "shutting down", mark + 1);
+                let probe = Probe::start(&uri, t0);
+                let status = server.wait_exit(STOP_TIMEOUT);
+                assert!(
+                    status.is_some_and(|s| s.success()),
+                    "{self:?}: strata did not stop cleanly: {status:?}\n{}",
+                    server.last_stderr()
+                );
+                probe
+            }
+            Event::Kill9Restart => {
+                server.kill9();
+                Probe::start(&uri, t0)
+            }
+        };
+        let stopped_ms = t0.elapsed().as_millis();
+        if let Event::MoveToNewDataDir = self {
+            server.set_data_dir(&dir.join("srv").join("data-moved"));
+        }
+        server.start_again();
+        let ready_ms = t0.elapsed().as_millis();
+        let answered_ms = probe.join().as_millis();
+        format!(
+            "{self:?}: old process gone after {stopped_ms} ms, new one ready after \
+             {ready_ms} ms, first request answered after {answered_ms} ms"
+        )
+    }
+}
+
+/// Waits until `needle` appears `count` times in the server's stderr.
+fn wait_for_log(server: &Server, needle: &str, count: usize) {
+    let t0 = Instant::now();
+    while server.stderr().matches(needle).count() < count {
+        assert!(
+            t0.elapsed() < STOP_TIMEOUT,
+            "server never logged {needle:?}:\n{}",
+            server.last_stderr()
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A client that connects and asks for the export's size until it gets an
+/// answer; the time from the event to that answer is the hand-over time.
+struct Probe(thread::JoinHandle<Duration>);
+
+impl Probe {
+    fn start(uri: &str, t0: Instant) -> Probe {
+        let uri = uri.to_string();
+        Probe(thread::spawn(move || loop {
+            let out = run_timeout(
+                Command::new("nbdinfo").arg("--size").arg(&uri),
+                Duration::from_secs(120),
+            );
+            if out.status.success() {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(300),
+                "no answer on {uri} for 300 s: {}",
+                stderr_str(&out)
+            );
+            thread::sleep(Duration::from_millis(10));
+        }))
+    }
+
+    fn join(self) -> Duration {
+        self.0.join().expect("probe thread")
+    }
+}
+
+/// The guest's kernel and initrd: Debian's newest in /boot.
+struct GuestBoot {
+    kernel: PathBuf,
+    initrd: PathBuf,
+}
+
+impl GuestBoot {
+    fn find() -> GuestBoot {
+        let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("vmlinuz-"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        kernels.sort();
+        let kernel = kernels.pop().unwrap_or_else(|| {
+            panic!("no /boot/vmlinuz-*: run scripts/install-test-deps (linux-image-amd64)")
+        });
+        let version = kernel
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("vmlinuz-"))
+            .unwrap_or_default()
+            .to_string();
+        let initrd = PathBuf::from(format!("/boot/initrd.img-{version}"));
+        assert!(
+            initrd.is_file(),
+            "{} has no initrd {}: run update-initramfs -c -k {version}",
+            kernel.display(),
+            initrd.display()
+        );
+        GuestBoot { kernel, initrd }
+    }
+}
+
+/// An ext4 image of a busybox root filesystem with [`GUEST_INIT`].
+fn make_root_image(dir: &Path) -> PathBuf {
+    let busybox = which("busybox");
+    let ldd = Command::new("ldd").arg(&busybox).output();
+    assert!(
+        ldd.is_ok_and(
+            |o| !o.status.success() || String::from_utf8_lossy(&o.stdout).contains("not a dynamic")
+        ),
+        "{} is dynamically linked: install busybox-static",
+        busybox.display()
+    );
+    let root = dir.join("root");
+    for sub in ["bin", "sbin", "proc", "sys", "dev", "tmp", "data", "etc"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    std::fs::copy(&busybox, root.join("bin/busybox")).unwrap();
+    let applets = Command::new(&busybox).arg("--list").output().unwrap();
+    for applet in String::from_utf8_lossy(&applets.stdout).split_whitespace() {
+        let link = root.join("bin").join(applet);
+        if !link.exists() {
+            std::os::unix::fs::symlink("busybox", link).unwrap();
+        }
+    }
+    let init = root.join("sbin/init");
+    let pattern = KERNEL_ERROR_PATTERN.replace('\n', "");
+    std::fs::write(&init, GUEST_INIT.replace("KERNEL_ERROR_PATTERN", &pattern)).unwrap();
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let image = dir.join("root.img");
+    run_ok(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-d"])
+            .arg(&root)
+            .arg(&image)
+            .arg(format!("{}M", ROOT_SIZE_BYTES / MIB)),
+        Duration::from_secs(60),
+    );
+    image
+}
+
+fn which(tool: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(tool))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("{tool} not in PATH: run scripts/install-test-deps"))
+}
+
+/// The running guest: QEMU, its console log and its control port.
+struct Guest {
+    qemu: BgProcess,
+    console: PathBuf,
+    control: UnixStream,
+    /// The last round the host has seen completed.
+    round: u64,
+    /// Where the console log is copied when the test fails.
+    kept_log: PathBuf,
+}
+
+impl Guest {
+    fn start(boot: &GuestBoot, socket: &Path, dir: &Path) -> Guest {
+        let console = dir.join("console.log");
+        let control_path = dir.join("control.sock");
+        let blockdev = format!(
+            "driver=nbd,node-name=disk0,server.type=unix,server.path={},export=vm,\
+             reconnect-delay=60,cache.direct=on",
+            socket.display()
+        );
+        let qemu = BgProcess::spawn(
+            "qemu",
+            Command::new("qemu-system-x86_64")
+                .args(["-machine", "q35,accel=tcg", "-m", "256", "-smp", "1"])
+                .args(["-nodefaults", "-display", "none", "-no-reboot"])
+                .arg("-kernel")
+                .arg(&boot.kernel)
+                .arg("-initrd")
+                .arg(&boot.initrd)
+                .args([
+                    "-append",
+                    "console=ttyS0 root=/dev/vda rw init=/sbin/init panic=-1",
+                ])
+                .args(["-blockdev", &blockdev])
+                .args(["-device", "virtio-blk-pci,drive=disk0"])
+                .arg("-serial")
+                .arg(format!("file:{}", console.display()))
+                .arg("-chardev")
+                .arg(format!(
+                    "socket,id=control,path={},server=on,wait=off",
+                    control_path.display()
+                ))
+                .args(["-serial", "chardev:control"]),
+        );
+        let t0 = Instant::now();
+        let control = loop {
+            match UnixStream::connect(&control_path) {
+                Ok(stream) => break stream,
+                Err(error) => {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(30),
+                        "QEMU's control port {}: {error}\n{}",
+                        control_path.display(),
+                        qemu.stderr()
+                    );
+                    thread::sleep(Duration::from_millis(50));
+                }
+            }
+        };
+        let kept_log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("qemu_guest-console.log");
+        Guest {
+            qemu,
+            console,
+            control,
+            round: 0,
+            kept_log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    /// Fails the test with the guest's log (kept at `kept_log`).
+    fn fail(&self, why: &str) -> ! {
+        let log = self.log();
+        let _ = std::fs::write(&self.kept_log, &log);
+        let tail: String = log
+            .lines()
+            .rev()
+            .take(60)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        panic!(
+            "{why}\nguest console log kept at {}; its end:\n{tail}\nQEMU stderr:\n{}",
+            self.kept_log.display(),
+            self.qemu.stderr()
+        );
+    }
+
+    /// Fails on any `FAIL` line or kernel error the guest printed.
+    fn check_log(&self, log: &str) {
+        if let Some(line) = log.lines().find(|l| l.contains("STRATA-TEST FAIL")) {
+            self.fail(&format!("the guest failed: {line}"));
+        }
+        let errors: Vec<&str> = KERNEL_ERROR_PATTERN.split('|').collect();
+        if let Some(line) = log
+            .lines()
+            .find(|l| !l.contains("STRATA-TEST") && errors.iter().any(|e| l.contains(e)))
+        {
+            self.fail(&format!("the guest's kernel reported an error: {line}"));
+        }
+    }
+
+    /// The highest round the guest reported complete.
+    fn last_round(log: &str) -> u64 {
+        log.lines()
+            .filter_map(|l| l.trim().strip_prefix("STRATA-TEST round "))
+            .filter_map(|rest| rest.strip_suffix(" ok")?.parse().ok())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Waits until the guest completed round `round`.
+    fn wait_round(&mut self, round: u64, timeout: Duration, what: &str) {
+        let t0 = Instant::now();
+        loop {
+            let log = self.log();
+            self.check_log(&log);
+            let last = Guest::last_round(&log);
+            if last >= round {
+                eprintln!("[guest] round {last} done ({what}, {:.1?})", t0.elapsed());
+                self.round = last;
+                return;
+            }
+            if t0.elapsed() > timeout {
+                self.fail(&format!(
+                    "{what}: the guest did not complete round {round} within {timeout:?}"
+                ));
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits for `ROUNDS_PER_EVENT` more rounds after an event.
+    fn next_rounds(&mut self, what: &str) {
+        let target = self.round + ROUNDS_PER_EVENT;
+        self.wait_round(target, ROUNDS_TIMEOUT, what);
+    }
+
+    /// Tells the guest to stop; waits for its final verification and
+    /// power-off; checks its log.
+    fn stop_and_check(&mut self) {
+        if let Err(error) = self.control.write_all(b"stop\n") {
+            self.fail(&format!(
+                "cannot write to the guest's control port: {error}"
+            ));
+        }
+        let status = self.qemu.wait(ROUNDS_TIMEOUT);
+        let log = self.log();
+        self.check_log(&log);
+        if !status.success() {
+            self.fail(&format!("QEMU exited with {status}"));
+        }
+        if !log.contains("STRATA-TEST kernel-errors 0") {
+            self.fail("the guest's kernel log has I/O errors");
+        }
+        if !log.contains("STRATA-TEST done") {
+            self.fail("the guest did not finish its final verification");
+        }
+        eprintln!(
+            "[guest] stopped after round {}: every file verified, no kernel error",
+            Guest::last_round(&log)
+        );
+    }
+}
