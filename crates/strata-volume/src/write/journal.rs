@@ -54,6 +54,11 @@ impl Journal {
             .write(true)
             .open(path)
             .map_err(io_err(path, "open for writing"))?;
+        // Everything before `head` counts as synced from here on (a FLUSH
+        // with no new write returns at once), so make it so: the records
+        // replayed may have been written by a process killed before its
+        // fdatasync, and a client re-sends that FLUSH after reconnecting.
+        file.sync_data().map_err(io_err(path, "fdatasync"))?;
         let file = Arc::new(file);
         let shared = Arc::new(Shared {
             state: Mutex::new(AppendState {
