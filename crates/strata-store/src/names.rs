@@ -44,6 +44,16 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The volume an object belongs to (its first path component, when that is
+/// a valid volume name), for log lines; `-` for objects of no volume.
+pub fn volume_of(path: &Path) -> String {
+    path.parts()
+        .next()
+        .map(|part| part.as_ref().to_string())
+        .filter(|first| validate_volume_name(first).is_ok())
+        .unwrap_or_else(|| "-".to_string())
+}
+
 /// The object names of one volume.
 #[derive(Debug, Clone)]
 pub struct ObjectNames {

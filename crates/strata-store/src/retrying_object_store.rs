@@ -191,6 +191,7 @@ impl<T: ObjectStore> RetryingObjectStore<T> {
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 operation,
+                volume = %crate::names::volume_of(path),
                 path = %path,
                 attempt = attempt_number,
                 delay_ms,
@@ -218,6 +219,7 @@ impl<T: ObjectStore> RetryingObjectStore<T> {
         self.stats.gave_up.fetch_add(1, Ordering::Relaxed);
         tracing::error!(
             operation,
+            volume = %crate::names::volume_of(path),
             path = %path,
             attempts,
             error = %error,

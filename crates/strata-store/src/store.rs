@@ -350,7 +350,7 @@ impl Store {
                 return Err(e);
             }
             let delay_ms = self.retry.backoff_delay_ms(attempt, &entropy);
-            tracing::warn!(prefix = %prefix, attempt, delay_ms, error = %e, "store list failed; retrying");
+            tracing::warn!(volume = %crate::names::volume_of(prefix), path = %prefix, attempt, delay_ms, error = %e, "store list failed; retrying");
             tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
             attempt += 1;
         }

@@ -53,11 +53,9 @@ pub(crate) struct VolumeReader {
 
 impl VolumeReader {
     pub(crate) fn corrupt(&self, seq: u64, detail: String) -> VolumeError {
-        tracing::error!(volume = %self.name, seq, %detail, "corrupt segment");
-        VolumeError::Corrupt {
-            path: self.names.segment(seq).to_string(),
-            detail,
-        }
+        let path = self.names.segment(seq).to_string();
+        tracing::error!(volume = %self.name, object = %path, %detail, "corrupt segment");
+        VolumeError::Corrupt { path, detail }
     }
 
     /// Fills every piece's `dst` (see the module doc).

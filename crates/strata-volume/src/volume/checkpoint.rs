@@ -120,7 +120,7 @@ impl Volume {
         let path = self.names.checkpoint(seq);
         let kind = (SealedKind::Checkpoint, seq);
         if let Err(e) = self.put_map_object(&path, job.bytes.clone(), kind).await {
-            tracing::error!(volume = %self.name, seq, error = %e, "checkpoint not stored");
+            tracing::error!(volume = %self.name, object = %path, error = %e, "checkpoint not stored");
             return Err(format!("checkpoint {seq}: {e}"));
         }
         let named = self
@@ -129,7 +129,7 @@ impl Volume {
         let written = match named {
             Ok(written) => written,
             Err(detail) => {
-                tracing::error!(volume = %self.name, seq, %detail, "manifest not updated");
+                tracing::error!(volume = %self.name, object = %self.names.manifest(), checkpoint = seq, %detail, "manifest not updated");
                 return Err(format!("manifest not updated: {detail}"));
             }
         };

@@ -33,7 +33,7 @@ impl Volume {
                 // Nothing written: the journal still holds the data, and
                 // writes stop until a restart replays it.
                 let detail = format!("segment {} could not be encoded: {e}", sealed.seq);
-                tracing::error!(volume = %self.name, %detail, "segment not uploaded");
+                tracing::error!(volume = %self.name, object = %self.names.segment(sealed.seq), %detail, "segment not uploaded");
                 self.state.lock().failed.get_or_insert(detail);
                 self.space.notify_waiters();
                 return;

@@ -61,6 +61,7 @@ impl Journal {
         file.sync_data().map_err(io_err(path, "fdatasync"))?;
         let file = Arc::new(file);
         let shared = Arc::new(Shared {
+            path: path.to_path_buf(),
             state: Mutex::new(AppendState {
                 head_lpos: head.lpos,
                 tail_lpos,

@@ -29,6 +29,8 @@ pub(crate) struct AppendState {
 }
 
 pub(crate) struct Shared {
+    /// The journal file (its name holds the volume's name), for log lines.
+    pub(crate) path: std::path::PathBuf,
     pub(crate) state: Mutex<AppendState>,
     /// Held by whoever takes and writes a batch (a waiting writer acting as
     /// group-commit leader, or the sync thread), so batches reach the file
@@ -76,7 +78,7 @@ struct Batch {
 }
 
 pub(crate) fn fail(shared: &Shared, e: &io::Error) {
-    tracing::error!(error = %e, "journal write failed; the volume stops accepting writes");
+    tracing::error!(journal = %shared.path.display(), error = %e, "journal write failed; the volume stops accepting writes");
     *shared.failure.lock() = Some(e.to_string());
     shared.failed.store(true, Ordering::Release);
     shared.progress.notify_waiters();
