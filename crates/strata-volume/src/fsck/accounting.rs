@@ -1,10 +1,13 @@
 //! Space: what the volume stores against what references it. A stored
 //! segment no map points into, that recovery does not read and that no
-//! deletion is pending for, is a leak; so is a checkpoint or delta no
-//! manifest entry names. Leaks are warnings (space, not data: GC's listing
-//! sweep deletes them); so are segments after a gap (an upload in flight,
-//! or left by a crash: recovery deletes them). Objects newer than the
-//! manifest's checkpoint may still be in flight and are never leaks.
+//! deletion is pending for, is unreferenced; so is a checkpoint or delta
+//! no manifest entry names. These are warnings (space, not data): a
+//! segment stored after the checkpoint that made it garbage was encoded
+//! is listed for deletion by the next one (an idle volume keeps it until
+//! then), and GC's listing sweep deletes objects nothing names. Segments
+//! after a gap (an upload in flight, or left by a crash: recovery deletes
+//! them) are warnings too. Objects newer than the manifest's checkpoint
+//! may still be in flight and are never unreferenced.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -70,7 +73,11 @@ pub(crate) async fn account(
         }
         space.unreferenced_segments += 1;
         space.unreferenced_bytes += bytes;
-        let detail = format!("segment {seq} ({bytes} bytes) is referenced by no map and no deletion is pending for it: space not reclaimed (GC's listing sweep deletes it)");
+        let detail = if inherited {
+            format!("segment {seq} ({bytes} bytes) is numbered like the parent's segments, which a clone never writes: an orphan (GC's listing sweep deletes it)")
+        } else {
+            format!("segment {seq} ({bytes} bytes) is referenced by no map and no deletion is pending for it: garbage not listed for deletion yet (the volume's next checkpoint lists it, or GC's listing sweep deletes it)")
+        };
         warn(
             findings,
             ProblemKind::Unreferenced,

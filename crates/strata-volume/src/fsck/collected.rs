@@ -10,8 +10,11 @@
 //! its checkpoint (read again) does not point into the segment and is at
 //! or past it, no snapshot listed now points into it, and (a clone's
 //! inherited segment) the clone may have been flattened. Anything else
-//! gone is lost. One recheck covers every object found gone, after the
-//! segments were checked.
+//! gone is lost. The same recheck drops damage found in a segment the
+//! volume no longer needs (only possible while it is served: a fenced
+//! writer's late upload may recreate a name GC deleted). One recheck, after
+//! the segments were checked, covers all of them; a volume nobody serves
+//! needs, read again, exactly what it needed, so nothing is dropped.
 
 use std::collections::BTreeSet;
 
@@ -45,16 +48,26 @@ pub(crate) enum Gone {
 }
 
 /// Decides, with the manifest read again, which objects found gone were
-/// collected by GC and which are lost.
-pub(crate) async fn settle_gone(
+/// collected by GC and which are lost; and drops the damage found in
+/// segments the volume no longer needs (a live volume's GC may delete a
+/// segment mid-read, or a fenced writer's late upload recreate a name it
+/// deleted: neither is the volume's data any more).
+pub(crate) async fn settle(
     scope: &Scope,
     gone: Vec<Gone>,
     findings: &mut Findings,
 ) -> Result<(), VolumeError> {
-    if gone.is_empty() {
+    let damaged = findings.damaged_segments();
+    if gone.is_empty() && damaged.is_empty() {
         return Ok(());
     }
     let needed = read_needed(scope).await?;
+    let unneeded: BTreeSet<u64> = damaged
+        .into_keys()
+        .filter(|&seq| needed.collected(scope, &Gone::Segment(seq)))
+        .collect();
+    findings.collected += unneeded.len() as u64;
+    findings.forget_segments(&unneeded);
     for gone in gone {
         if needed.collected(scope, &gone) {
             if let (Gone::SnapshotCheckpoint { name, .. }, Some(_)) = (&gone, &scope.snapshot) {

@@ -3,7 +3,7 @@
 //! are computed from the reach once every problem is known
 //! (`affected.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use super::report::{Affects, Problem, ProblemKind, Severity};
@@ -39,7 +39,8 @@ pub(crate) struct Findings {
     problems: Vec<Problem>,
     /// One per problem.
     reach: Vec<Reach>,
-    /// Objects found gone that GC had deleted legitimately.
+    /// Segments found gone, or damaged, that the volume no longer needs
+    /// when the manifest is read again (GC collected them meanwhile).
     pub collected: u64,
 }
 
@@ -71,6 +72,20 @@ impl Findings {
             }
         }
         out
+    }
+
+    /// Drops the problems reaching bytes of segments `seqs`.
+    pub fn forget_segments(&mut self, seqs: &BTreeSet<u64>) {
+        let keep: Vec<bool> = self
+            .reach
+            .iter()
+            .map(|r| !matches!(r, Reach::Segment { seq, .. } if seqs.contains(seq)))
+            .collect();
+        let mut keep_reach = keep.iter();
+        self.reach.retain(|_| *keep_reach.next().unwrap_or(&true));
+        let mut keep_problem = keep.iter();
+        self.problems
+            .retain(|_| *keep_problem.next().unwrap_or(&true));
     }
 
     pub fn reach(&self) -> &[Reach] {

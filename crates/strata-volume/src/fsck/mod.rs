@@ -70,7 +70,7 @@ use crate::objects::read_snapshot_map;
 use crate::ownership::read_lease;
 use accounting::{account, References};
 use affected::Attribution;
-use collected::settle_gone;
+use collected::settle;
 use findings::{Findings, ReadFailure};
 use maps::Maps;
 use prepare::{prepare, Prepared, Ready};
@@ -113,7 +113,7 @@ pub(crate) async fn fsck(
     st.checked.extents = maps.places.extents();
     check_segments(&scope, &mut maps, &listed, &mut st, progress).await?;
     let gone = std::mem::take(&mut st.gone);
-    settle_gone(&scope, gone, &mut st.findings).await?;
+    settle(&scope, gone, &mut st.findings).await?;
     let space = match &scope.snapshot {
         Some(_) => None,
         None => {

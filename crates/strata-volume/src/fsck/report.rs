@@ -219,8 +219,9 @@ pub struct FsckReport {
     pub warnings: u64,
     pub checked: Checked,
     pub space: Option<SpaceReport>,
-    /// Objects that garbage collection deleted while the check ran (the
-    /// manifest read again no longer needs them): not problems.
+    /// Objects found gone (or damaged) while the check ran that the
+    /// volume, its manifest read again, no longer needs: collected by GC
+    /// meanwhile, not problems.
     pub collected_while_checking: u64,
     /// At most `MAX_LISTED_PROBLEMS`, errors first.
     pub problems: Vec<Problem>,
