@@ -6,6 +6,7 @@
 //! decodes bytes itself). One file per concern:
 //!
 //! - `scope.rs`: what one check covers (volume, snapshot, key, ancestors);
+//! - `prepare.rs`: manifest, key, lineage, listing, then the maps;
 //! - `maps.rs`: the maps: checkpoints (checksums, agreement with the
 //!   manifest, recorded live bytes against the extents), the segments
 //!   recovery replays after the checkpoint, snapshot deltas;
@@ -13,29 +14,31 @@
 //!   that every place lies in its segment's data and in a write entry that
 //!   wrote it at the volume offset the map says;
 //! - `segments.rs`: each segment object: header, tables, size, data;
+//!   `segment_pass.rs`: all of them, a few at a time, into problems;
 //! - `accounting.rs`: space, leaks and segments after a gap;
 //! - `clones.rs`: clone markers, and which clones read which snapshot;
 //! - `collected.rs`: objects found gone, collected by GC or lost;
-//! - `findings.rs`, `affected.rs`, `report.rs`: problems, the ranges,
-//!   snapshots and clones each affects, and the report.
+//! - `findings.rs`, `state.rs`, `affected.rs`, `report.rs`: problems, the
+//!   ranges, snapshots and clones each affects, and the report.
 //!
 //! **Read only, and safe while the volume is served.** It takes no lock
 //! and no lease, writes and deletes nothing, and does not touch the read
-//! caches. Objects are immutable once written, except the manifest, so
-//! what it reads cannot change under it: it can only disappear, and only
-//! by garbage collection (or a snapshot or volume deletion), each of which
-//! first writes a manifest that no longer needs the object. So an object
-//! found gone is checked against the manifest read again
-//! (`collected.rs`): gone and no longer needed is GC at work, not a
-//! problem; gone and still needed is lost. A checkpoint the manifest names
-//! that is gone already (replaced, then deleted after the grace period)
-//! restarts the reading of the maps from the new manifest (at most
-//! `PREPARE_ATTEMPTS` times). Segments uploaded after the manifest was
-//! read are checked as part of the log after its checkpoint.
+//! caches. Objects are immutable once written, except the manifest and
+//! the lease, so what it reads cannot change under it: it can only
+//! disappear, and only by garbage collection (or a snapshot or volume
+//! deletion), each of which first writes a manifest that no longer needs
+//! the object. So an object found gone (or damaged) is checked against
+//! the manifest read again (`collected.rs`): no longer needed is GC at
+//! work, not a problem; still needed is lost. A checkpoint the manifest
+//! names that is gone already (replaced, then deleted after the grace
+//! period) restarts the reading of the maps from the new manifest (at most
+//! `prepare::PREPARE_ATTEMPTS` times). Segments uploaded after the
+//! manifest was read are checked as part of the log after its checkpoint.
+//! ARCHITECTURE.md ("Checking a volume") has the whole argument.
 //!
 //! **Memory** is bounded by the maps (one volume map kept, snapshots' read
 //! one at a time; the places all maps point at, merged) and by
-//! `PARALLEL_SEGMENTS` segments in flight, each holding its tables and at
+//! `segment_pass::PARALLEL_SEGMENTS` segments in flight, each holding its tables and at
 //! most one 4 MiB run of data: never a volume's data.
 
 mod accounting;
