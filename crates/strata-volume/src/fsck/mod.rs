@@ -36,10 +36,10 @@
 //! manifest was read are checked as part of the log after its checkpoint.
 //! ARCHITECTURE.md ("Checking a volume") has the whole argument.
 //!
-//! **Memory** is bounded by the maps (one volume map kept, snapshots' read
-//! one at a time; the places all maps point at, merged) and by
-//! `segment_pass::PARALLEL_SEGMENTS` segments in flight, each holding its tables and at
-//! most one 4 MiB run of data: never a volume's data.
+//! **Memory** is bounded by the maps (one volume map kept, snapshots'
+//! read one at a time; the places all maps point at, merged) and by
+//! `segment_pass::PARALLEL_SEGMENTS` segments in flight, each holding its
+//! tables and at most one 4 MiB run of data: never a volume's data.
 
 mod accounting;
 mod affected;
