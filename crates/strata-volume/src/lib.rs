@@ -13,6 +13,7 @@
 //! ```text
 //! engine/        the volumes of a store: open once, create, list, info, delete;
 //!                snapshots by name (`engine/snapshots.rs`)
+//! fsck/          checking what the store holds of a volume (reads only)
 //! volume/        the `Volume` type; sequences the folders below for one volume
 //! at_rest/       compression and encryption: settings, keys, segment encoding
 //! gc/            garbage collection: victims, copies, deletions, orphans
@@ -35,6 +36,7 @@ mod crash_point;
 mod engine;
 mod error;
 pub mod format;
+mod fsck;
 mod gc;
 mod map;
 mod objects;
@@ -59,6 +61,10 @@ pub use format::frame::Compression;
 pub use format::key_wrap::Key;
 pub use format::manifest::{
     DeltaRecord, GcPassRecord, Manifest, ParentRecord, RollbackRecord, SnapshotRecord,
+};
+pub use fsck::{
+    AffectedRanges, Affects, ByteRange, Checked, FsckOptions, FsckProgress, FsckReport, Problem,
+    ProblemKind, ProgressFn, Severity, SnapshotRanges, SpaceReport,
 };
 pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;

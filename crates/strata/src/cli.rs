@@ -72,9 +72,47 @@ pub enum Command {
     Snapshot(SnapshotCommand),
     /// Serve every volume of the store over NBD (export name = volume name).
     Serve(Box<ServeArgs>),
+    /// Check a volume, a snapshot (VOLUME@SNAPSHOT) or a clone as the
+    /// store holds it: manifest, checkpoints, snapshot deltas, clone
+    /// markers and every segment its maps read.
+    ///
+    /// Verifies checksums (segment headers and tables, every frame and
+    /// 4 KiB chunk of data; authentication too for an encrypted volume,
+    /// whose key it needs), that every map extent lies inside its
+    /// segment's data and in the write that put it there, and the space
+    /// accounting (live bytes each checkpoint records against its
+    /// extents; stored objects nothing references are leaks: warnings).
+    /// Each problem names the object and what it affects: byte ranges of
+    /// the volume and of each snapshot, and the clones that read them.
+    ///
+    /// Safe while a server serves the volume: it only reads (no lease, no
+    /// writes, no deletions), and an object garbage collection deletes
+    /// meanwhile is not reported once the manifest, read again, no longer
+    /// needs it.
+    ///
+    /// Exit status: 0 no error found (warnings may be printed); 1 errors
+    /// found; 2 the check could not run (no such volume or snapshot, a
+    /// missing or wrong key, the store failing, a bad argument).
+    Fsck(FsckArgs),
     /// Keys for encrypted volumes.
     #[command(subcommand)]
     Key(KeyCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct FsckArgs {
+    /// VOLUME or VOLUME@SNAPSHOT.
+    pub target: String,
+    /// Read segment headers and tables only (a small ranged GET or two
+    /// per segment), not their data: finds missing, truncated and
+    /// mismatched segments, damaged headers, tables and maps, and maps
+    /// pointing past a segment's end, but not damaged data.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document on stdout: what was checked, counts, space,
+    /// and each problem with what it affects.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]

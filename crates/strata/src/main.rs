@@ -2,7 +2,9 @@
 
 mod cli;
 mod control;
+mod fsck_cmd;
 mod nbd_volume;
+mod progress;
 mod serve;
 mod size;
 mod snapshot_cmd;
@@ -44,16 +46,21 @@ fn main() -> ExitCode {
         }
     };
     let log_format = cli.log_format;
+    // fsck tells "problems found" (1) from "could not check" (2).
+    let failed = match cli.command {
+        Command::Fsck(_) => ExitCode::from(fsck_cmd::EXIT_NOT_RUN),
+        _ => ExitCode::FAILURE,
+    };
     match runtime.block_on(run(cli, inherited)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) if log_format == LogFormat::Json => {
             // A shipper parses every line: the last one too.
             tracing::error!(error = %format!("{e:#}"), "strata: error");
-            ExitCode::FAILURE
+            failed
         }
         Err(e) => {
             eprintln!("strata: error: {e:#}");
-            ExitCode::FAILURE
+            failed
         }
     }
 }
@@ -217,16 +224,18 @@ fn auto_size(option: &str, value: &str, remote: bool, remote_default: u64) -> an
 async fn run(
     cli: Cli,
     inherited: anyhow::Result<Vec<nbd_server::InheritedListener>>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<ExitCode> {
     match &cli.command {
-        Command::Volume(cmd) => volume_command(&engine(&cli, None).await?, cmd).await,
-        Command::Snapshot(cmd) => snapshot_cmd::run(&engine(&cli, None).await?, cmd).await,
+        Command::Volume(cmd) => volume_command(&engine(&cli, None).await?, cmd).await?,
+        Command::Snapshot(cmd) => snapshot_cmd::run(&engine(&cli, None).await?, cmd).await?,
         Command::Serve(args) => {
             let inherited = inherited?;
-            serve::serve(engine(&cli, Some(args)).await?, args, inherited).await
+            serve::serve(engine(&cli, Some(args)).await?, args, inherited).await?
         }
-        Command::Key(cmd) => key_command(&cli, cmd),
+        Command::Key(cmd) => key_command(&cli, cmd)?,
+        Command::Fsck(args) => return fsck_cmd::run(&engine(&cli, None).await?, args).await,
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<()> {

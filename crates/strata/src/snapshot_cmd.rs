@@ -9,6 +9,7 @@ use strata_volume::{split_export_name, ChangeKind, Engine, ExportName, ImageSink
 
 use crate::cli::{SnapshotCommand, VolumeCommand};
 use crate::control::{self, Request};
+use crate::progress::Progress;
 use crate::size::{format_size, size_option};
 
 pub async fn run(engine: &Engine, cmd: &SnapshotCommand) -> anyhow::Result<()> {
@@ -223,37 +224,6 @@ fn split_pair<'a>(from: &'a str, to: &'a str) -> anyhow::Result<(&'a str, &'a st
         bail!("{from} and {to} are snapshots of different volumes; a diff is between two snapshots of one volume");
     }
     Ok((va, a, b))
-}
-
-/// A progress bar on stderr when it is a terminal (indicatif: hidden
-/// otherwise, redrawn at most 20 times a second).
-struct Progress {
-    bar: indicatif::ProgressBar,
-}
-
-impl Progress {
-    fn new(what: &'static str) -> Progress {
-        let bar = indicatif::ProgressBar::with_draw_target(
-            None,
-            indicatif::ProgressDrawTarget::stderr_with_hz(20),
-        );
-        let style = indicatif::ProgressStyle::with_template(
-            "{msg}: {bytes}/{total_bytes} [{wide_bar}] {bytes_per_sec}, {eta} left",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        bar.set_style(style);
-        bar.set_message(what);
-        Progress { bar }
-    }
-
-    fn show(&self, done: u64, total: u64) {
-        self.bar.set_length(total);
-        self.bar.set_position(done);
-    }
-
-    fn finish(&self) {
-        self.bar.finish_and_clear();
-    }
 }
 
 /// `VOLUME@SNAPSHOT`, both names checked.

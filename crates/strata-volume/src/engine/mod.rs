@@ -6,6 +6,7 @@
 
 mod clones;
 pub(crate) mod diffs;
+mod fsck;
 pub(crate) mod images;
 mod snapshots;
 

@@ -150,11 +150,18 @@ pub fn decode_with_usage(
         {
             return Err(format!("checkpoint extent out of order or bounds: {rec:?}"));
         }
-        if let Target::Data { seq, .. } = rec.target {
+        if let Target::Data { seq, offset } = rec.target {
             if seq > info.seq {
                 return Err(format!(
                     "checkpoint {} refers to later segment {seq}",
                     info.seq
+                ));
+            }
+            // A segment's data is addressed by 32-bit offsets: the map
+            // cannot hold an extent that ends beyond them.
+            if offset + rec.len > u64::from(u32::MAX) {
+                return Err(format!(
+                    "checkpoint extent past any segment's data: {rec:?}"
                 ));
             }
         }
@@ -242,6 +249,16 @@ mod tests {
             assert!(decode(&c).is_err(), "byte {i}");
         }
         assert!(decode(&b[..b.len() - 3]).is_err());
+        // An extent ending past what 32-bit segment offsets address is
+        // refused (the map would panic on it).
+        let mut far = b.clone();
+        let rec = HEADER_BYTES + RECORD_BYTES;
+        far[rec + 16..rec + 20].copy_from_slice(&(u32::MAX - 8).to_le_bytes());
+        let body_crc = crc32c::crc32c(&far[HEADER_BYTES..]);
+        far[96..100].copy_from_slice(&body_crc.to_le_bytes());
+        let header_crc = crc32c::crc32c(&far[0..100]);
+        far[100..104].copy_from_slice(&header_crc.to_le_bytes());
+        assert!(decode(&far).unwrap_err().contains("past any segment"));
         let mut small = info;
         small.volume_size_bytes = 4096;
         assert!(decode(&encode(&small, &map)).is_err());

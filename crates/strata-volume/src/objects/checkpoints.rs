@@ -6,7 +6,7 @@ use super::store_error::read_whole;
 use crate::error::VolumeError;
 use std::borrow::Cow;
 
-use crate::format::checkpoint::{self, CheckpointInfo};
+use crate::format::checkpoint::{self, CheckpointInfo, UsageTable};
 use crate::format::key_wrap::Key;
 use crate::format::manifest::{Manifest, SnapshotRecord};
 use crate::format::sealed_object::{is_sealed, open, SealedKind};
@@ -75,6 +75,29 @@ async fn read_checkpoint_of_size(
     size_bytes: u64,
     data_key: Option<&Key>,
 ) -> Result<(CheckpointInfo, ExtentMap), VolumeError> {
+    let (info, map, usage) =
+        read_checkpoint_recorded(store, names, uuid, seq, size_bytes, data_key).await?;
+    if let Some(recorded) = usage {
+        let recomputed: Vec<(u64, u64)> = map.usage().iter().collect();
+        if recorded != recomputed {
+            // The map decoded and verified; its own counts win.
+            tracing::error!(volume = %volume, checkpoint = seq, ?recorded, ?recomputed, "BUG: live bytes per segment recorded in the checkpoint differ from those recomputed from its extents; using the recomputation");
+        }
+    }
+    Ok((info, map))
+}
+
+/// Reads checkpoint `seq`, verified and checked (same volume,
+/// `size_bytes`, same position), with the live bytes per segment it
+/// recorded (`None` for version 1) for a comparison with its map's.
+pub(crate) async fn read_checkpoint_recorded(
+    store: &Store,
+    names: &ObjectNames,
+    uuid: [u8; 16],
+    seq: u64,
+    size_bytes: u64,
+    data_key: Option<&Key>,
+) -> Result<(CheckpointInfo, ExtentMap, Option<UsageTable>), VolumeError> {
     let path = names.checkpoint(seq);
     let bytes = read_whole(store, &path).await?;
     let corrupt = |detail: String| VolumeError::Corrupt {
@@ -83,15 +106,8 @@ async fn read_checkpoint_of_size(
     };
     let bytes = unseal(&bytes, SealedKind::Checkpoint, seq, &uuid, data_key).map_err(corrupt)?;
     let (info, map, usage) = checkpoint::decode_with_usage(&bytes).map_err(corrupt)?;
-    if let Some(recorded) = usage {
-        let recomputed: Vec<(u64, u64)> = map.usage().iter().collect();
-        if recorded != recomputed {
-            // The map decoded and verified; its own counts win.
-            tracing::error!(volume = %volume, checkpoint = seq, ?recorded, ?recomputed, "BUG: live bytes per segment recorded in the checkpoint differ from those recomputed from its extents; using the recomputation");
-        }
-    }
     if info.seq != seq || info.volume_uuid != uuid || info.volume_size_bytes != size_bytes {
         return Err(corrupt("checkpoint does not match the manifest".into()));
     }
-    Ok((info, map))
+    Ok((info, map, usage))
 }

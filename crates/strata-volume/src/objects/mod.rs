@@ -18,10 +18,10 @@ mod segments;
 mod snapshot_deltas;
 mod store_error;
 
-pub(crate) use checkpoints::{read_checkpoint, read_snapshot_map};
-pub(crate) use clone_markers::list_clone_markers;
+pub(crate) use checkpoints::{read_checkpoint, read_checkpoint_recorded, read_snapshot_map};
+pub(crate) use clone_markers::{list_clone_markers, read_clone_markers};
 pub(crate) use manifests::{read_manifest, read_manifest_versioned};
 pub(crate) use other_prefix::store_for_prefix;
 pub(crate) use segments::{fetch_fixed_header, fetch_segment_header, list_segments};
 pub(crate) use snapshot_deltas::read_snapshot_delta;
-pub(crate) use store_error::store_error;
+pub(crate) use store_error::{is_not_found, store_error};

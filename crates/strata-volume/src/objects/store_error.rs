@@ -21,6 +21,12 @@ pub(crate) fn store_error(
     }
 }
 
+/// Whether `e` says an object is not in the store (deleted, or never
+/// written), as opposed to a store that failed or an object that is damaged.
+pub(crate) fn is_not_found(e: &VolumeError) -> bool {
+    matches!(e, VolumeError::Store { source, .. } if matches!(**source, object_store::Error::NotFound { .. }))
+}
+
 /// The whole of object `path`, any error mapped by `store_error`.
 pub(crate) async fn read_whole(
     store: &Store,

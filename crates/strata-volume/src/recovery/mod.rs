@@ -39,6 +39,7 @@ use crate::write::journal::Journal;
 use crate::write::open_segment::OpenSegment;
 use crate::write::state::State;
 use journal_replay::{choose_journal, replay_journal};
+pub(crate) use store_replay::apply_entries;
 use store_replay::{recover_from_store, Recovered};
 
 /// A volume's write-side state after recovery, and its open journal.

@@ -75,7 +75,7 @@ pub(crate) async fn recover_from_store(
 }
 
 /// Applies a stored segment's entries to the map, in log order.
-fn apply_entries(map: &mut ExtentMap, seq: u64, entries: &[Entry]) {
+pub(crate) fn apply_entries(map: &mut ExtentMap, seq: u64, entries: &[Entry]) {
     for e in entries {
         let target = match e.kind {
             EntryKind::Write => Some(Target::Data {

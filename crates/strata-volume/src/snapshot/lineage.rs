@@ -55,6 +55,11 @@ impl Lineage {
         self.ancestors.last().map_or(0, |a| a.bound_seq)
     }
 
+    /// The ancestor that owns segment `seq` (`None`: the volume itself).
+    pub fn owner_of(&self, seq: u64) -> Option<&Ancestor> {
+        self.ancestors.iter().find(|a| seq <= a.bound_seq)
+    }
+
     pub fn depth(&self) -> usize {
         self.ancestors.len()
     }
