@@ -2,6 +2,7 @@
 
 mod cli;
 mod control;
+mod metrics;
 mod nbd_volume;
 mod serve;
 mod size;
