@@ -257,6 +257,22 @@ pub struct GroupSnapshot {
     pub ops: [OpSnapshot; NbdOp::ALL.len()],
 }
 
+impl GroupSnapshot {
+    /// The counters of a group no connection used yet: all zero.
+    pub fn empty() -> GroupSnapshot {
+        GroupSnapshot {
+            ops: NbdOp::ALL.map(|op| OpSnapshot {
+                op,
+                requests: 0,
+                errors: 0,
+                bytes: 0,
+                latency_buckets: [0; LATENCY_BUCKETS],
+                latency_sum_us: 0,
+            }),
+        }
+    }
+}
+
 /// [`NbdMetrics`] at a point in time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NbdSnapshot {

@@ -11,7 +11,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use nbd_server::{NbdMetrics, NbdSnapshot};
+use nbd_server::{GroupSnapshot, NbdMetrics, NbdSnapshot};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use strata_store::StoreStats;
@@ -42,8 +42,17 @@ impl fmt::Debug for StrataCollector {
 impl Collector for StrataCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
         let stats = self.engine.stats();
+        let mut nbd = self.nbd.snapshot();
+        // Every open volume has its NBD series from the start, at zero
+        // (rates and dashboards need no first request to see them).
+        for name in stats.volumes.keys() {
+            if !nbd.groups.iter().any(|(group, _)| group == name) {
+                nbd.groups.push((name.clone(), GroupSnapshot::empty()));
+            }
+        }
+        nbd.groups.sort_by(|a, b| a.0.cmp(&b.0));
         build_info(&mut enc)?;
-        nbd_families(&mut enc, &self.nbd.snapshot())?;
+        nbd_families(&mut enc, &nbd)?;
         store_families(&mut enc, &stats.store)?;
         cache_families(&mut enc, &stats.read_path)?;
         volume_families(&mut enc, &stats.volumes)
