@@ -15,6 +15,7 @@ use crate::device::ExportProvider;
 use crate::export::Export;
 use crate::handshake::{self, Outcome, Security};
 use crate::listen::{Accepted, SplitStream};
+use crate::metrics::NbdMetrics;
 use crate::tls::Tls;
 use crate::transmission::{self, End};
 
@@ -27,6 +28,7 @@ pub(crate) struct Shared<P> {
     /// Turns true when the server shuts down.
     pub stop: watch::Receiver<bool>,
     pub tls: Option<Tls>,
+    pub metrics: Arc<NbdMetrics>,
 }
 
 /// How a handshake ended.
@@ -135,7 +137,10 @@ async fn transmit<P: ExportProvider, S: SplitStream>(
     let name = export.name.clone();
     let structured = export.structured_replies;
     tracing::info!(conn = id, peer, export = ?name, structured, tls, "transmission started");
-    let end = transmission::serve(stream, export, &shared.config, &shared.byte_budget, stop).await;
+    let counters = shared.metrics.group(&shared.provider.metrics_group(&name));
+    let _open = shared.metrics.transmitting();
+    let budget = &shared.byte_budget;
+    let end = transmission::serve(stream, export, counters, &shared.config, budget, stop).await;
     if let End::RepliesStalled(_) = end {
         tracing::warn!(conn = id, peer, export = ?name, "{end}");
     } else if end.is_fault() {

@@ -145,6 +145,15 @@ pub trait ExportProvider: Send + Sync + 'static {
     /// Called once per connection; the provider may share one device between
     /// connections.
     fn open(&self, name: &str) -> impl Future<Output = io::Result<Arc<Self::Device>>> + Send;
+
+    /// The group whose counters a connection to export `name` adds to
+    /// (`Server::metrics`): by default the export itself. A provider with
+    /// many exports of one thing (snapshots of a volume) may group them,
+    /// so that monitoring sees few series. Called once per connection,
+    /// after `open` succeeded.
+    fn metrics_group(&self, name: &str) -> String {
+        name.to_string()
+    }
 }
 
 /// One entry of NBD_OPT_LIST.

@@ -10,6 +10,7 @@ use nbd_proto::{
 
 use crate::device::{Allocation, BlockDevice, Extent, ZeroFlags};
 use crate::export::Export;
+use crate::metrics::NbdOp;
 use crate::reply::Reply;
 
 /// Most extents asked of the device for one BLOCK_STATUS without REQ_ONE.
@@ -52,6 +53,32 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// The command, as metrics name it.
+    pub(crate) fn kind(&self) -> NbdOp {
+        match self {
+            Op::Read { .. } => NbdOp::Read,
+            Op::Write { .. } => NbdOp::Write,
+            Op::Flush => NbdOp::Flush,
+            Op::Trim { .. } => NbdOp::Trim,
+            Op::Cache { .. } => NbdOp::Cache,
+            Op::WriteZeroes { .. } => NbdOp::WriteZeroes,
+            Op::BlockStatus { .. } => NbdOp::BlockStatus,
+        }
+    }
+
+    /// The length its header gives (0 for FLUSH).
+    pub(crate) fn length_bytes(&self) -> u32 {
+        match self {
+            Op::Flush => 0,
+            Op::Read { length_bytes, .. }
+            | Op::Write { length_bytes, .. }
+            | Op::Trim { length_bytes, .. }
+            | Op::Cache { length_bytes, .. }
+            | Op::WriteZeroes { length_bytes, .. }
+            | Op::BlockStatus { length_bytes, .. } => *length_bytes,
+        }
+    }
+
     /// Bytes of data the request carries or asks for: what it takes of the
     /// server's byte budget (see `budget`).
     pub(crate) fn data_bytes(&self) -> u32 {

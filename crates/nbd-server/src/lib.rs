@@ -19,6 +19,8 @@
 //! - `execute`: device calls and reply building.
 //! - `reply`: reply bytes and errno mapping.
 //! - `writer`: the batching reply writer, and the reply stall timeout.
+//! - `metrics`: [`NbdMetrics`]: requests, errors, bytes and latency per
+//!   command and export group; connections.
 
 mod budget;
 mod config;
@@ -28,6 +30,7 @@ mod execute;
 mod export;
 mod handshake;
 mod listen;
+mod metrics;
 mod reply;
 mod server;
 mod tls;
@@ -41,5 +44,9 @@ pub use device::{
     Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
 };
 pub use listen::{InheritedListener, ListenAddr, ParseListenAddrError};
+pub use metrics::{
+    GroupSnapshot, NbdMetrics, NbdOp, NbdSnapshot, OpSnapshot, LATENCY_BUCKETS, MAX_GROUPS,
+    OVERFLOW_GROUP,
+};
 pub use server::Server;
 pub use tls::{Tls, TlsMode};

@@ -23,6 +23,19 @@ impl Reply {
         }
     }
 
+    /// Whether this reply reports an error: a simple reply with a non-zero
+    /// error field, or a structured chunk of an error type.
+    pub(crate) fn is_error(&self) -> bool {
+        let bytes = self.as_bytes();
+        let word = |at: usize| bytes.get(at..at + 4).map(|b| [b[0], b[1], b[2], b[3]]);
+        match word(0).map(u32::from_be_bytes) {
+            Some(SIMPLE_REPLY_MAGIC) => word(4).is_some_and(|e| e != [0; 4]),
+            Some(STRUCTURED_REPLY_MAGIC) => word(4)
+                .is_some_and(|w| u16::from_be_bytes([w[2], w[3]]) & REPLY_TYPE_FLAG_ERROR != 0),
+            _ => false,
+        }
+    }
+
     /// A successful simple reply without data.
     pub(crate) fn ok(handle: u64) -> Reply {
         Reply::Simple(SimpleReplyHeader { error: 0, handle }.encode())
@@ -70,6 +83,16 @@ pub(crate) fn errno_of(error: &io::Error) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tells_error_replies() {
+        assert!(!Reply::ok(7).is_error());
+        assert!(Reply::error(false, 7, EIO, "").is_error());
+        assert!(Reply::error(true, 7, EIO, "failed").is_error());
+        let read = nbd_proto::encode_none_chunk(7).to_vec();
+        assert!(!Reply::Bytes(read).is_error());
+        assert!(!Reply::Bytes(Vec::new()).is_error());
+    }
 
     #[test]
     fn maps_error_kinds() {

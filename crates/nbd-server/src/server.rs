@@ -27,6 +27,7 @@ use crate::config::ServerConfig;
 use crate::connection::{self, Shared};
 use crate::device::ExportProvider;
 use crate::listen::{self, Accepted, InheritedListener, ListenAddr, Listener, SocketFile};
+use crate::metrics::NbdMetrics;
 use crate::tls::Tls;
 
 /// Pause after a failed accept (e.g. out of file descriptors).
@@ -42,6 +43,7 @@ pub struct Server<P: ExportProvider> {
     listeners: Vec<(Listener, ListenAddr)>,
     socket_files: Vec<SocketFile>,
     tls: Option<Tls>,
+    metrics: Arc<NbdMetrics>,
 }
 
 impl<P: ExportProvider> Server<P> {
@@ -80,6 +82,7 @@ impl<P: ExportProvider> Server<P> {
             listeners: Vec::with_capacity(addrs.len()),
             socket_files: Vec::new(),
             tls: None,
+            metrics: Arc::new(NbdMetrics::default()),
         };
         for addr in addrs {
             // On error `server` drops here, removing the files bound so far.
@@ -114,6 +117,12 @@ impl<P: ExportProvider> Server<P> {
         self
     }
 
+    /// The server's counters (requests per command and export group,
+    /// connections), for an exporter to read while it runs.
+    pub fn metrics(&self) -> Arc<NbdMetrics> {
+        Arc::clone(&self.metrics)
+    }
+
     /// The bound addresses, TCP port 0 resolved to the actual port.
     pub fn local_addrs(&self) -> Vec<ListenAddr> {
         self.listeners
@@ -133,6 +142,7 @@ impl<P: ExportProvider> Server<P> {
             byte_budget: ByteBudget::new(self.config.max_in_flight_bytes),
             stop,
             tls: self.tls.clone(),
+            metrics: Arc::clone(&self.metrics),
         });
         let max_connections = self.config.max_connections.min(Semaphore::MAX_PERMITS);
         let slots = Arc::new(Semaphore::new(max_connections));
@@ -153,13 +163,17 @@ impl<P: ExportProvider> Server<P> {
                     let Some(incoming) = incoming else { break };
                     let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                         // Dropping the stream closes the connection.
+                        self.metrics.connection_refused();
                         refusals.refuse(incoming.peer(), max_connections);
                         continue;
                     };
                     next_id += 1;
                     let serve = connection::serve(Arc::clone(&shared), incoming, next_id);
+                    let metrics = Arc::clone(&self.metrics);
+                    metrics.connection_accepted();
                     connections.spawn(async move {
                         serve.await;
+                        metrics.connection_closed();
                         // The slot frees as the connection ends, before it is joined.
                         drop(slot);
                     });

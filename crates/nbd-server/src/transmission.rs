@@ -17,7 +17,7 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nbd_proto::consts::*;
 use nbd_proto::RequestHeader;
@@ -31,6 +31,7 @@ use crate::device::BlockDevice;
 use crate::execute::{execute, Op};
 use crate::export::Export;
 use crate::listen::SplitStream;
+use crate::metrics::{GroupCounters, NbdOp};
 use crate::reply::Reply;
 use crate::validate::{self, Limits, Rejection};
 use crate::writer::{write_replies, Outgoing, ReplySender, WriteError};
@@ -97,6 +98,8 @@ impl fmt::Display for End {
 struct Connection<D> {
     export: Export<D>,
     limits: Limits,
+    /// Where its requests are counted.
+    counters: Arc<GroupCounters>,
     /// Requests that had to wait and run in their own task.
     requests_in_tasks: Arc<AtomicUsize>,
     /// Notified when the connection is torn down: request tasks still
@@ -105,7 +108,7 @@ struct Connection<D> {
 }
 
 impl<D> Connection<D> {
-    fn new(export: Export<D>) -> Self {
+    fn new(export: Export<D>, counters: Arc<GroupCounters>) -> Self {
         let limits = Limits {
             params: export.params,
             has_meta_context: export.base_allocation_id.is_some(),
@@ -113,6 +116,7 @@ impl<D> Connection<D> {
         Connection {
             export,
             limits,
+            counters,
             requests_in_tasks: Arc::new(AtomicUsize::new(0)),
             cancel: Arc::new(Notify::new()),
         }
@@ -134,13 +138,14 @@ struct Bounds {
 pub(crate) async fn serve<S: SplitStream, D: BlockDevice>(
     stream: S,
     export: Export<D>,
+    counters: Arc<GroupCounters>,
     config: &ServerConfig,
     byte_budget: &ByteBudget,
     stop: &mut watch::Receiver<bool>,
 ) -> End {
     let (read_half, write_half) = stream.split_owned();
     let (sender, queue) = mpsc::unbounded_channel();
-    let connection = Arc::new(Connection::new(export));
+    let connection = Arc::new(Connection::new(export, counters));
     let in_tasks = Arc::clone(&connection.requests_in_tasks);
     let stall_timeout = config.reply_stall_timeout();
     let writing = write_replies(write_half, queue, in_tasks, stall_timeout);
@@ -293,6 +298,8 @@ fn refuse<D>(
     permits: Permits,
 ) {
     let structured = connection.export.structured_replies;
+    let op = NbdOp::of_command(header.command_type);
+    connection.counters.record_refused(op);
     let reply = Reply::error(
         structured,
         header.handle,
@@ -396,7 +403,12 @@ async fn run_request<D: BlockDevice>(
     sender: ReplySender,
     permits: Permits,
 ) {
+    let (kind, length_bytes) = (op.kind(), op.length_bytes());
+    let started = Instant::now();
     let reply = execute(&connection.export, handle, op).await;
+    let failed = reply.is_error();
+    let counters = &connection.counters;
+    counters.record(kind, length_bytes, started.elapsed(), failed);
     // A closed queue means the client is gone; the reply is moot.
     let _ = sender.send(Outgoing {
         reply,

@@ -52,4 +52,6 @@ pub use retry_policy::RetryPolicy;
 pub use retrying_object_store::{
     is_transient, RetryStats, RetryStatsSnapshot, RetryingObjectStore,
 };
-pub use store_metrics::{OpMetricsSnapshot, StoreMetrics, StoreMetricsSnapshot, StoreOp};
+pub use store_metrics::{
+    OpMetricsSnapshot, StoreMetrics, StoreMetricsSnapshot, StoreOp, LATENCY_BUCKETS,
+};

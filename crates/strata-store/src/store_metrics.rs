@@ -12,7 +12,8 @@
 //! and latency in a fixed log2 histogram of microseconds: 40 counters
 //! whatever the traffic, from which p50/p99 are estimated to within a factor
 //! of two (each estimate is the top of its bucket, clamped to the largest
-//! latency seen).
+//! latency seen). The raw buckets and the latency sum are in the snapshot
+//! too, for an exporter's histograms (not in the JSON).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,13 +67,14 @@ impl StoreOp {
 /// Number of latency buckets. Bucket 0 holds 0 µs, bucket `i` holds
 /// `[2^(i-1), 2^i)` µs; the last one also holds everything longer
 /// (2^38 µs is over three days).
-const LATENCY_BUCKETS: usize = 40;
+pub const LATENCY_BUCKETS: usize = 40;
 
 /// A log2 histogram of latencies in microseconds.
 #[derive(Debug)]
 struct LatencyHistogram {
     counts: [AtomicU64; LATENCY_BUCKETS],
     max_us: AtomicU64,
+    sum_us: AtomicU64,
 }
 
 impl Default for LatencyHistogram {
@@ -80,6 +82,7 @@ impl Default for LatencyHistogram {
         LatencyHistogram {
             counts: std::array::from_fn(|_| AtomicU64::new(0)),
             max_us: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
         }
     }
 }
@@ -89,6 +92,11 @@ impl LatencyHistogram {
         let bucket = (u64::BITS - latency_us.leading_zeros()) as usize;
         self.counts[bucket.min(LATENCY_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
         self.max_us.fetch_max(latency_us, Ordering::Relaxed);
+        self.sum_us.fetch_add(latency_us, Ordering::Relaxed);
+    }
+
+    fn buckets(&self) -> [u64; LATENCY_BUCKETS] {
+        std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed))
     }
 
     fn max_us(&self) -> u64 {
@@ -171,6 +179,8 @@ impl OpMetrics {
             latency_p50_us: self.latency.quantile_us(0.50),
             latency_p99_us: self.latency.quantile_us(0.99),
             latency_max_us: self.latency.max_us(),
+            latency_buckets: self.latency.buckets(),
+            latency_sum_us: self.latency.sum_us.load(Ordering::Relaxed),
         }
     }
 }
@@ -208,7 +218,7 @@ impl StoreMetrics {
 }
 
 /// A point-in-time copy of one operation's metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct OpMetricsSnapshot {
     pub requests: u64,
     /// Failed requests (and failed body reads of successful `get`s).
@@ -221,6 +231,28 @@ pub struct OpMetricsSnapshot {
     pub latency_p99_us: u64,
     /// Exact largest latency seen.
     pub latency_max_us: u64,
+    /// Requests per log2 bucket (bucket `i` holds `[2^(i-1), 2^i)` µs).
+    #[serde(skip)]
+    pub latency_buckets: [u64; LATENCY_BUCKETS],
+    /// Sum of the latencies recorded.
+    #[serde(skip)]
+    pub latency_sum_us: u64,
+}
+
+impl Default for OpMetricsSnapshot {
+    fn default() -> OpMetricsSnapshot {
+        OpMetricsSnapshot {
+            requests: 0,
+            errors: 0,
+            bytes_read: 0,
+            bytes_written: 0,
+            latency_p50_us: 0,
+            latency_p99_us: 0,
+            latency_max_us: 0,
+            latency_buckets: [0; LATENCY_BUCKETS],
+            latency_sum_us: 0,
+        }
+    }
 }
 
 /// A point-in-time copy of [`StoreMetrics`], one field per [`StoreOp`].
@@ -308,6 +340,11 @@ mod tests {
         assert_eq!(histogram.max_us(), 1000);
         assert_eq!(histogram.quantile_us(1.0), 1000, "clamped to the max");
         assert_eq!(histogram.quantile_us(0.0), 1, "the smallest bucket");
+        assert_eq!(histogram.sum_us.load(Ordering::Relaxed), 500_500);
+        let buckets = histogram.buckets();
+        assert_eq!(buckets.iter().sum::<u64>(), 1000);
+        assert_eq!(buckets[1], 1, "1 us alone in [1, 2)");
+        assert_eq!(buckets[10], 1000 - 511, "[512, 1024)");
     }
 
     #[test]

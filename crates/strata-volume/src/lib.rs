@@ -68,11 +68,12 @@ pub use fsck::{
 };
 pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
+pub use ownership::{LeaseState, LeaseStats};
 pub use read::{
     CacheStats, DiskCacheStats, ReadAheadStats, ReadPathStats, SharedCaches, StoreReadStats,
 };
 pub use snapshot::{
     split_export_name, Change, ChangeKind, ExportName, SnapshotView, MAX_CLONE_DEPTH,
 };
-pub use volume::{Allocation, Volume, VolumeStats};
+pub use volume::{Allocation, SnapshotStats, Volume, VolumeStats, WriteWaitStats};
 pub use write::state::SpaceUsage;

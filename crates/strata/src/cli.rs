@@ -437,6 +437,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10_000, value_name = "MS")]
     pub stats_interval_ms: u64,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics (IP:PORT, e.g.
+    /// 127.0.0.1:9187; port 0 picks a free one, printed at start). Plain
+    /// HTTP without authentication: keep it on a private address.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+
     #[command(flatten)]
     pub budgets: Budgets,
 

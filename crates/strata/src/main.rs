@@ -3,6 +3,7 @@
 mod cli;
 mod control;
 mod fsck_cmd;
+mod metrics;
 mod nbd_volume;
 mod progress;
 mod serve;

@@ -220,6 +220,15 @@ impl ExportProvider for VolumeExports {
         Ok(out)
     }
 
+    /// Counted under the volume: `VOL@SNAP` under `VOL`, so monitoring
+    /// sees one series per volume however many snapshots are read.
+    fn metrics_group(&self, name: &str) -> String {
+        match split_export_name(name) {
+            Ok(ExportName::Volume(v)) | Ok(ExportName::Snapshot { volume: v, .. }) => v.to_string(),
+            Err(_) => name.to_string(),
+        }
+    }
+
     async fn open(&self, name: &str) -> io::Result<Arc<NbdVolume>> {
         let not_found = |e: String| io::Error::new(io::ErrorKind::NotFound, e);
         let export = split_export_name(name).map_err(not_found)?;

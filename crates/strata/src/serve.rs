@@ -52,6 +52,15 @@ pub async fn serve(
     } else {
         open_all_in_background(&engine, volumes.clone());
     }
+    let metrics_task = match &args.metrics_listen {
+        Some(addr) => {
+            let (bound, task) =
+                crate::metrics::start(addr, engine.clone(), server.metrics()).await?;
+            println!("metrics http://{bound}/metrics");
+            Some(task)
+        }
+        None => None,
+    };
     print_uris(&volumes, &server.local_addrs(), tls_on)?;
     let stats_task = start_stats(&engine, args);
     let control_task = crate::control::listen(engine.clone()).await?;
@@ -62,6 +71,9 @@ pub async fn serve(
     let closed = engine.close_all().await;
     stats_task.abort();
     control_task.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     let _ = std::fs::remove_file(crate::control::socket_path(&engine.config().data_dir));
     let last = engine.stats();
     tracing::info!(stats = %summary(&last), "final counters");

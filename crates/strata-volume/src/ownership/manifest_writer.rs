@@ -7,6 +7,8 @@
 //! stale version of ours and is retried; a newer epoch means another server
 //! opened the volume and this one must stop (the caller fences).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::Bytes;
 use object_store::{PutPayload, UpdateVersion};
 use strata_store::{ObjectNames, Store};
@@ -20,14 +22,22 @@ use crate::objects::read_manifest_versioned;
 pub(crate) struct ManifestWriter {
     volume: String,
     current: tokio::sync::Mutex<(Manifest, UpdateVersion)>,
+    /// Snapshots in `current`, readable without the (async) lock.
+    snapshots: AtomicU64,
 }
 
 impl ManifestWriter {
     pub(crate) fn new(volume: &str, manifest: Manifest, version: UpdateVersion) -> Self {
         ManifestWriter {
             volume: volume.to_string(),
+            snapshots: AtomicU64::new(manifest.snapshots.len() as u64),
             current: tokio::sync::Mutex::new((manifest, version)),
         }
+    }
+
+    /// Snapshots in the manifest as last written.
+    pub(crate) fn snapshot_count(&self) -> u64 {
+        self.snapshots.load(Ordering::Relaxed)
     }
 
     /// The manifest as this writer last wrote (or read) it.
@@ -55,6 +65,8 @@ impl ManifestWriter {
             let payload = PutPayload::from(Bytes::from(next.encode()));
             match store.put_if(&path, payload, Some(version)).await {
                 Ok(v) => {
+                    let snapshots = next.snapshots.len() as u64;
+                    self.snapshots.store(snapshots, Ordering::Relaxed);
                     let previous = std::mem::replace(manifest, next);
                     *version = v;
                     if let Err(e) = store.make_durable(&path).await {
@@ -92,6 +104,8 @@ impl ManifestWriter {
             Ok((m, v)) if m.epoch == manifest.epoch => {
                 *version = v;
                 if m == *next {
+                    let snapshots = m.snapshots.len() as u64;
+                    self.snapshots.store(snapshots, Ordering::Relaxed);
                     return Ok(Some(std::mem::replace(manifest, m)));
                 }
                 Ok(None)

@@ -45,5 +45,6 @@ mod take_ownership;
 pub use lease::read_lease;
 pub(crate) use lease::RenewError;
 pub(crate) use manifest_writer::ManifestWriter;
+pub use right_to_write::{LeaseState, LeaseStats};
 pub(crate) use right_to_write::{Ownership, WriteRefused};
 pub(crate) use take_ownership::take_ownership;

@@ -40,6 +40,8 @@ pub(crate) struct Ownership {
     is_fenced: AtomicBool,
     /// Set once the volume is closed and the lease given up.
     released: AtomicBool,
+    renewals: AtomicU64,
+    renewal_failures: AtomicU64,
     /// Woken when validity or fencing changes.
     pub changed: Notify,
 }
@@ -59,6 +61,8 @@ impl Ownership {
             fenced: parking_lot::Mutex::new(None),
             is_fenced: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            renewals: AtomicU64::new(0),
+            renewal_failures: AtomicU64::new(0),
             changed: Notify::new(),
         };
         own.extend(sent_at);
@@ -128,9 +132,36 @@ impl Ownership {
             Ok(h) => {
                 *held = h;
                 self.extend(sent_at);
+                self.renewals.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                self.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// The lease as monitoring sees it.
+    pub fn stats(&self) -> LeaseStats {
+        let now_ms = self.elapsed_ms(Instant::now());
+        let valid_until_ms = self.valid_until_ms.load(Ordering::Acquire);
+        let state = if self.is_fenced.load(Ordering::Acquire) {
+            LeaseState::Fenced
+        } else if self.is_released() {
+            LeaseState::Released
+        } else if now_ms < valid_until_ms {
+            LeaseState::Valid
+        } else {
+            LeaseState::Lapsed
+        };
+        LeaseStats {
+            state,
+            epoch: self.epoch,
+            ttl_ms: self.ttl_ms,
+            valid_for_ms: valid_until_ms.saturating_sub(now_ms),
+            renewals: self.renewals.load(Ordering::Relaxed),
+            renewal_failures: self.renewal_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -155,4 +186,50 @@ impl Ownership {
         self.local_lock.lock().take();
         result
     }
+}
+
+/// Where a served volume's lease stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    /// Renewed in time: writes are acknowledged.
+    Valid,
+    /// Not renewed within TTL less the margin (the store is unreachable):
+    /// writes wait until a renewal succeeds or the volume is fenced.
+    Lapsed,
+    /// Another server took the volume over; this one stopped serving it.
+    Fenced,
+    /// Given up by a clean close.
+    Released,
+}
+
+impl LeaseState {
+    pub const ALL: [LeaseState; 4] = [
+        LeaseState::Valid,
+        LeaseState::Lapsed,
+        LeaseState::Fenced,
+        LeaseState::Released,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseState::Valid => "valid",
+            LeaseState::Lapsed => "lapsed",
+            LeaseState::Fenced => "fenced",
+            LeaseState::Released => "released",
+        }
+    }
+}
+
+/// A served volume's lease: its state, the epoch this server holds, and
+/// renewals since it was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseStats {
+    pub state: LeaseState,
+    pub epoch: u64,
+    pub ttl_ms: u64,
+    /// How much longer writes are allowed without a renewal.
+    pub valid_for_ms: u64,
+    pub renewals: u64,
+    pub renewal_failures: u64,
 }

@@ -29,6 +29,7 @@
 mod at_rest;
 mod checkpoint;
 mod close;
+mod counters;
 mod flatten;
 mod gc;
 mod open;
@@ -52,14 +53,16 @@ use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::gc::{GcCounters, GcStats, Unreferenced};
 pub use crate::map::Allocation;
-use crate::ownership::{ManifestWriter, Ownership, WriteRefused};
+use crate::ownership::{LeaseStats, ManifestWriter, Ownership, WriteRefused};
 use crate::read::{CacheStats, SharedCaches};
 use crate::snapshot::Lineage;
 use crate::write::journal::Journal;
 use crate::write::state::{SpaceUsage, State};
+use counters::VolumeCounters;
+pub use counters::{SnapshotStats, WriteWaitStats};
 
 /// Counters a volume exports.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct VolumeStats {
     pub extents: u64,
     pub mapped_data_bytes: u64,
@@ -83,6 +86,18 @@ pub struct VolumeStats {
     pub gc: GcStats,
     /// Segments the volume's snapshots keep from garbage collection.
     pub snapshot_pinned_segments: u64,
+    /// Sealed segments not yet in the store, and their journal bytes (the
+    /// write buffer holds these and the open segment).
+    pub upload_pending_segments: u64,
+    pub upload_pending_bytes: u64,
+    pub write_buffer_budget_bytes: u64,
+    /// The journal's ring: bytes not yet safe in the store, and its size.
+    pub journal_used_bytes: u64,
+    pub journal_ring_bytes: u64,
+    /// Writes that waited for room, by what they waited for.
+    pub write_waits: Vec<WriteWaitStats>,
+    pub lease: LeaseStats,
+    pub snapshots: SnapshotStats,
 }
 
 /// A change of the whole map at a seal point (a rollback replaces it, a
@@ -126,6 +141,8 @@ pub struct Volume {
     pub(crate) zero_write_bytes_elided: AtomicU64,
     pub(crate) bytes_uploaded: AtomicU64,
     pub(crate) gc: GcCounters,
+    /// Back-pressure and snapshot counters (`counters.rs`).
+    pub(crate) counters: VolumeCounters,
     /// Wakes the background garbage collector (an explicit request).
     pub(crate) gc_wake: Arc<Notify>,
     /// One garbage collection pass at a time.
@@ -221,7 +238,9 @@ impl Volume {
 
     pub fn stats(&self) -> VolumeStats {
         let reader = self.reader();
+        let (journal_used_bytes, journal_ring_bytes) = self.journal.usage_bytes();
         let st = self.state.lock();
+        let sealed_bytes = st.buffered_cost_bytes.saturating_sub(st.open.cost_bytes);
         VolumeStats {
             extents: st.map.len() as u64,
             // O(segments), not O(extents): the lock is held.
@@ -241,6 +260,14 @@ impl Volume {
                 self.gc.snapshot(n, bytes)
             },
             snapshot_pinned_segments: st.pins.len() as u64,
+            upload_pending_segments: st.sealed.len() as u64,
+            upload_pending_bytes: sealed_bytes,
+            write_buffer_budget_bytes: self.config.write_buffer_bytes,
+            journal_used_bytes,
+            journal_ring_bytes,
+            write_waits: self.counters.write_waits(),
+            lease: self.ownership.stats(),
+            snapshots: self.counters.snapshots(self.manifest.snapshot_count()),
         }
     }
 

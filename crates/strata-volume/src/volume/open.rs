@@ -70,6 +70,7 @@ impl Volume {
             zero_write_bytes_elided: AtomicU64::new(0),
             bytes_uploaded: AtomicU64::new(0),
             gc: GcCounters::default(),
+            counters: Default::default(),
             gc_wake: Arc::new(Notify::new()),
             gc_pass: tokio::sync::Mutex::new(()),
             gc_pending: Mutex::new((0, 0)),

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use super::counters::VolumeCounters;
 use super::{MapEdit, Volume};
 use crate::clock::now_ms;
 use crate::crash_point::crash_point;
@@ -106,6 +107,7 @@ impl Volume {
         }
         crash_point("snapshot.after_create");
         tracing::info!(volume = %self.name, snapshot = name, checkpoint = record.checkpoint_seq, "snapshot taken");
+        VolumeCounters::add(&self.counters.snapshots_created);
         Ok(record)
     }
 
@@ -155,6 +157,7 @@ impl Volume {
         repair.finish(self, record.checkpoint_seq).await;
         self.gc_wake.notify_one();
         tracing::info!(volume = %self.name, snapshot = name, "snapshot deleted");
+        VolumeCounters::add(&self.counters.snapshots_deleted);
         Ok(())
     }
 
@@ -217,6 +220,7 @@ impl Volume {
         }
         crash_point("rollback.after_manifest");
         tracing::info!(volume = %self.name, snapshot = name, checkpoint = rollback.checkpoint_seq, "rolled back");
+        VolumeCounters::add(&self.counters.rollbacks);
         Ok(rollback)
     }
 

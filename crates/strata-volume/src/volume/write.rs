@@ -9,7 +9,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
+use super::counters::WaitFor;
 use super::Volume;
 use crate::config::Durability;
 use crate::error::VolumeError;
@@ -118,15 +120,24 @@ impl Volume {
         if self.closed.load(Ordering::Acquire) {
             return Err(VolumeError::Closed(self.name.clone()));
         }
+        // Back-pressure is counted only when a writer waits: the clock is
+        // read at the first wait, never on the common path.
+        let mut waiting: Option<(WaitFor, Instant)> = None;
         let jseq = loop {
             let notified = self.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(jseq) = self.try_log_op(kind, offset, len, data)? {
-                break jseq;
+            match self.try_log_op(kind, offset, len, data)? {
+                Ok(jseq) => break jseq,
+                Err(reason) => {
+                    waiting.get_or_insert_with(|| (reason, Instant::now()));
+                }
             }
             notified.await;
         };
+        if let Some((reason, since)) = waiting {
+            self.counters.waited(reason, since.elapsed());
+        }
         match (fua, self.config.durability) {
             (false, _) => self.journal.wait_written(jseq).await?,
             (true, Durability::Local) => self.journal.sync(jseq).await?,
@@ -138,15 +149,15 @@ impl Volume {
         Ok(())
     }
 
-    /// Appends to journal and open segment if the budgets allow; `None` means
-    /// wait for space.
+    /// Appends to journal and open segment if the budgets allow; `Err`
+    /// says what to wait for.
     fn try_log_op(
         self: &Arc<Self>,
         kind: RecordKind,
         offset: u64,
         len: u64,
         data: &[u8],
-    ) -> Result<Option<u64>, VolumeError> {
+    ) -> Result<Result<u64, WaitFor>, VolumeError> {
         let cost = record_bytes(data.len());
         let mut st = self.state.lock();
         if st.failed.is_none() {
@@ -164,7 +175,7 @@ impl Volume {
             });
         }
         if st.resizing {
-            return Ok(None);
+            return Ok(Err(WaitFor::Resize));
         }
         // Again under the lock: a resize may have shrunk the volume while
         // this write waited.
@@ -172,21 +183,21 @@ impl Volume {
         if st.buffered_cost_bytes > 0
             && st.buffered_cost_bytes + cost > self.config.write_buffer_bytes
         {
-            return Ok(None);
+            return Ok(Err(WaitFor::WriteBuffer));
         }
         if !self.ownership.is_valid() {
             // The lease may have expired: another server may own the volume
             // now. Wait for a renewal (or fencing) before acknowledging.
-            return Ok(None);
+            return Ok(Err(WaitFor::Lease));
         }
         let Some((jseq, end_lpos)) = self.journal.try_append(kind, offset, len, data) else {
-            return Ok(None);
+            return Ok(Err(WaitFor::Journal));
         };
         apply_op(&mut st, kind, offset, len, data, cost, jseq, end_lpos);
         if st.open.cost_bytes >= self.config.segment_bytes {
             self.seal_locked(&mut st, false);
         }
-        Ok(Some(jseq))
+        Ok(Ok(jseq))
     }
 
     /// Seals the open segment (if not empty) and starts its upload; takes a

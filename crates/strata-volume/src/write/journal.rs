@@ -166,6 +166,13 @@ impl Journal {
         None
     }
 
+    /// Bytes of the ring in use (appended, not yet safe in the store),
+    /// and the ring's size.
+    pub fn usage_bytes(&self) -> (u64, u64) {
+        let st = self.shared.state.lock();
+        (st.head_lpos - st.tail_lpos, self.sb.ring_bytes)
+    }
+
     /// jseq of the newest record appended so far (0 if none).
     pub fn last_appended_jseq(&self) -> u64 {
         self.shared.state.lock().next_jseq - 1
