@@ -991,6 +991,7 @@ pub fn strata_command(s3: Option<&S3Store>, env: &[(String, String)]) -> Command
     c.env_remove("STRATA_STORE")
         .env_remove("STRATA_DATA_DIR")
         .env_remove("STRATA_FAULTS")
+        .env_remove("STRATA_UNSAFE_SINGLE_HOST")
         .env_remove("AWS_PROFILE")
         .env_remove("AWS_CA_BUNDLE")
         .env_remove("AWS_SESSION_TOKEN")
