@@ -33,7 +33,9 @@ pub struct Cli {
     pub store_attempts: u32,
 
     /// Testing only: inject store faults, e.g.
-    /// error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=1
+    /// error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=1;
+    /// ignore_if_none_match=1, ignore_if_match=1 or ignore_conditions=1
+    /// make conditional PUTs plain overwrites (a store that ignores them).
     #[arg(long, global = true, env = "STRATA_FAULTS", value_name = "SPEC")]
     pub inject_faults: Option<String>,
 
@@ -61,7 +63,12 @@ pub struct Cli {
     /// check` tells). Then nothing protects a volume against a second
     /// writer: two hosts could serve it at once and corrupt it. Only for a
     /// store that one host will ever use. A warning is logged at start.
-    #[arg(long, global = true, env = "STRATA_UNSAFE_SINGLE_HOST")]
+    #[arg(
+        long,
+        global = true,
+        env = "STRATA_UNSAFE_SINGLE_HOST",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
     pub unsafe_single_host: bool,
 
     #[command(subcommand)]

@@ -183,6 +183,17 @@ fn serve_refuses_a_store_that_ignores_conditions() {
         &["--store", store.as_str(), "volume", "list"],
     );
     assert!(list.status.success(), "{}", stderr_str(&list));
+    // STRATA_UNSAFE_SINGLE_HOST=1 is --unsafe-single-host.
+    let unsafe_env = [("STRATA_UNSAFE_SINGLE_HOST".to_string(), "1".to_string())];
+    let mut c = strata_command(None, &unsafe_env);
+    c.arg("--data-dir").arg(dir.join("data")).args(create);
+    let out = run_timeout(&mut c, Duration::from_secs(60));
+    let err = stderr_str(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("WARN") && err.contains("--unsafe-single-host"),
+        "{err}"
+    );
 
     let s3 = S3Store::on_shared_minio("refuse");
     let url = s3.url();
