@@ -35,6 +35,7 @@
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{PutOptions, PutPayload, UpdateVersion};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::env::{Entropy, SplitMixEntropy};
@@ -182,13 +183,14 @@ impl ProbeReport {
 /// Why the probe could not reach a verdict.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error("probing {store} for conditional writes: {step} ({object}) failed: {source}")]
+    /// The store's error is in the message, not a `source()`: callers
+    /// print error chains, which would repeat it.
+    #[error("probing {store} for conditional writes: {step} ({object}) failed: {error}")]
     Store {
         store: String,
         step: &'static str,
         object: String,
-        #[source]
-        source: object_store::Error,
+        error: object_store::Error,
     },
     #[error("probing {store} for conditional writes: {what}")]
     Unexpected { store: String, what: String },
@@ -209,7 +211,7 @@ pub async fn probe_conditional_writes(store: &Store) -> Result<ProbeReport, Prob
         })
     }
     .await;
-    for object in [&create, &update] {
+    for object in probe.written.lock().iter() {
         match store.delete(object).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => {
@@ -220,10 +222,13 @@ pub async fn probe_conditional_writes(store: &Store) -> Result<ProbeReport, Prob
     checked
 }
 
-/// One run of the probe: the store and the run's unique id.
+/// One run of the probe: the store, the run's unique id, and the objects
+/// it sent a PUT for (to delete: nothing else, so a store that cannot be
+/// reached is not sent deletes of objects it never saw).
 struct Probe<'a> {
     store: &'a Store,
     id: String,
+    written: Mutex<Vec<Path>>,
 }
 
 impl<'a> Probe<'a> {
@@ -234,7 +239,16 @@ impl<'a> Probe<'a> {
             entropy.next_u64(),
             std::process::id() ^ (entropy.next_u64() as u32)
         );
-        Probe { store, id }
+        Probe {
+            store,
+            id,
+            written: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Called before the first PUT of `object`.
+    fn will_write(&self, object: &Path) {
+        self.written.lock().push(object.clone());
     }
 
     fn object(&self, what: &str) -> Path {
@@ -254,13 +268,13 @@ impl<'a> Probe<'a> {
         &self,
         step: &'static str,
         object: &Path,
-        source: object_store::Error,
+        error: object_store::Error,
     ) -> ProbeError {
         ProbeError::Store {
             store: self.store.description().to_string(),
             step,
             object: object.to_string(),
-            source,
+            error,
         }
     }
 
@@ -303,6 +317,7 @@ impl<'a> Probe<'a> {
     /// Step 2 of the module doc.
     async fn check_if_match(&self, object: &Path) -> Result<ConditionCheck, ProbeError> {
         // A plain PUT: this step must not depend on create-only writes.
+        self.will_write(object);
         let v1: UpdateVersion = self
             .store
             .put_opts(
@@ -365,6 +380,7 @@ impl<'a> Probe<'a> {
         body: &Bytes,
     ) -> Result<Result<UpdateVersion, ConditionCheck>, ProbeError> {
         let payload = PutPayload::from(body.clone());
+        self.will_write(object);
         match self.store.put_if(object, payload, None).await {
             Ok(version) => Ok(Ok(version)),
             Err(

@@ -105,11 +105,11 @@ pub async fn probe_and_record(store: &Store) -> Result<StoreCheckRecord, ProbeEr
 /// be served either.
 pub async fn read_record(store: &Store) -> Result<Option<StoreCheckRecord>, ProbeError> {
     let path = Path::from(STORE_CHECK_OBJECT);
-    let error = |step, source| ProbeError::Store {
+    let error = |step, error| ProbeError::Store {
         store: store.description().to_string(),
         step,
         object: path.to_string(),
-        source,
+        error,
     };
     let got = match store.object_store().get(&path).await {
         Ok(got) => got,

@@ -129,6 +129,34 @@ async fn local_store_is_safe_by_link_and_flock() {
     assert_eq!(leftovers(&store).await, Vec::<String>::new());
 }
 
+/// A probe that fails midway (the third request fails and is not retried)
+/// is an error naming the step, not a verdict, and still deletes what it
+/// wrote; stopped at its first PUT, it deletes only that object.
+#[tokio::test]
+async fn a_failing_probe_is_an_error_and_cleans_up() {
+    let once = |faults: &str| LayerConfig {
+        retry: strata_store::RetryPolicy {
+            max_attempts: 1,
+            ..Default::default()
+        },
+        ..layers(faults)
+    };
+    let store = Store::in_memory_with(&once("fail_nth=3"));
+    let error = probe_conditional_writes(&store).await.unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("read back") && message.contains("injected fault"),
+        "{message}"
+    );
+    assert_eq!(leftovers(&store).await, Vec::<String>::new());
+
+    let store = Store::in_memory_with(&once("error_rate=1"));
+    let error = probe_conditional_writes(&store).await.unwrap_err();
+    assert!(error.to_string().contains("create-only PUT"), "{error}");
+    let requests = store.stats().layers.requests;
+    assert_eq!((requests.put.requests, requests.delete.requests), (1, 1));
+}
+
 /// Replies lost after the store acted make an expected success come back
 /// as AlreadyExists / Precondition on the retry; the probe must see its
 /// own write there, not a broken store. Paused time: backoff passes at once.

@@ -19,6 +19,9 @@ use crate::cli::{Command, SnapshotCommand, VolumeCommand};
 /// What a refusal tells the user to do.
 const WAY_OUT: &str = "use a store that supports conditional writes (AWS S3, MinIO, ...) or pass --unsafe-single-host if only one host will ever use this store";
 
+/// What to do when the probe cannot run.
+const UNREACHABLE: &str = "check that the store is reachable and that strata may write and delete objects under its prefix, then try again";
+
 /// Whether `command` may write volumes (take a lease, write a manifest or
 /// segments), and so needs a store that enforces conditional writes.
 pub fn writes_volumes(command: &Command) -> bool {
@@ -55,7 +58,7 @@ pub async fn require_conditional_writes(
             tracing::warn!(error = %e, "cannot check the store's conditional writes; going on (--unsafe-single-host)");
             return Ok(());
         }
-        Err(e) => bail!("cannot check that the store enforces conditional writes: {e}"),
+        Err(e) => bail!("{e}; {UNREACHABLE}"),
     };
     log_verdict(store, &record, source, is_server);
     let Some(shortcoming) = record.report.shortcoming() else {
@@ -100,7 +103,10 @@ pub async fn check(store: &Store, json: bool) -> anyhow::Result<()> {
             store.description()
         );
     }
-    let record = probe_and_record(store).await?;
+    let record = match probe_and_record(store).await {
+        Ok(r) => r,
+        Err(e) => bail!("{e}; {UNREACHABLE}"),
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {

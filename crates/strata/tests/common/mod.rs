@@ -97,7 +97,10 @@ fn die_with_parent(cmd: &mut Command) {
     }
 }
 
-fn spawn_collector<R: Read + Send + 'static>(mut r: R, buf: Arc<Mutex<Vec<u8>>>) {
+fn spawn_collector<R: Read + Send + 'static>(
+    mut r: R,
+    buf: Arc<Mutex<Vec<u8>>>,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut chunk = [0u8; 8192];
         loop {
@@ -109,7 +112,7 @@ fn spawn_collector<R: Read + Send + 'static>(mut r: R, buf: Arc<Mutex<Vec<u8>>>)
                     .extend_from_slice(&chunk[..n]),
             }
         }
-    });
+    })
 }
 
 fn text(buf: &Arc<Mutex<Vec<u8>>>) -> String {
@@ -473,6 +476,8 @@ pub struct Server {
     pub banner: Vec<String>,
     starts: u32,
     stderr_shown: bool,
+    /// Reads the running server's stderr into `stderr`; done at its EOF.
+    stderr_collector: Option<thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -525,6 +530,7 @@ impl Server {
             banner: Vec::new(),
             starts: 0,
             stderr_shown: false,
+            stderr_collector: None,
         }
     }
 
@@ -727,10 +733,10 @@ impl Server {
             self.stderr_mark = e.len();
             e.extend_from_slice(format!("=== start #{}: {desc}\n", self.starts).as_bytes());
         }
-        spawn_collector(
+        self.stderr_collector = Some(spawn_collector(
             child.stderr.take().expect("stderr piped"),
             self.stderr.clone(),
-        );
+        ));
         let stdout = child.stdout.take().expect("stdout piped");
         let (tx, rx) = mpsc::channel::<String>();
         thread::spawn(move || {
@@ -834,12 +840,26 @@ impl Server {
         loop {
             if let Ok(Some(st)) = child.try_wait() {
                 self.child = None;
+                self.drain_stderr();
                 return Some(st);
             }
             if t0.elapsed() > timeout {
                 return None;
             }
             thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits (up to 5 s) until the collector has read the exited server's
+    /// stderr to its end, so what it wrote last (an abort message) is in
+    /// `stderr()` when the caller looks.
+    fn drain_stderr(&mut self) {
+        let Some(collector) = self.stderr_collector.take() else {
+            return;
+        };
+        let t0 = Instant::now();
+        while !collector.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+            thread::sleep(Duration::from_millis(5));
         }
     }
 
