@@ -211,7 +211,8 @@ pub async fn probe_conditional_writes(store: &Store) -> Result<ProbeReport, Prob
         })
     }
     .await;
-    for object in probe.written.lock().iter() {
+    let written = std::mem::take(&mut *probe.written.lock());
+    for object in &written {
         match store.delete(object).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => {
