@@ -2,7 +2,7 @@
 //!
 //! This module owns [`FaultConfig`], the configuration of the fault
 //! injecting store (failure and lost-reply rates, added latency and jitter,
-//! a call to fail, a seed), its `key=value,...` syntax as read from the
+//! a call to fail, a seed, conditional writes to ignore), its `key=value,...` syntax as read from the
 //! `STRATA_FAULTS` variable ([`FaultConfig::parse`], [`FAULT_KEYS`]) and the
 //! errors that syntax can produce ([`FaultConfigError`]). How a
 //! configuration is applied to calls is the business of
@@ -28,6 +28,12 @@ pub struct FaultConfig {
     /// Seed for the fault and jitter draws (reproducible runs); from the
     /// clock when absent.
     pub seed: Option<u64>,
+    /// Turn create-only PUTs (`PutMode::Create`, If-None-Match: *) into
+    /// plain overwrites, as a store that ignores the header does.
+    pub ignore_if_none_match: bool,
+    /// Turn PUTs conditional on a version (`PutMode::Update`, If-Match)
+    /// into plain overwrites, as a store that ignores the header does.
+    pub ignore_if_match: bool,
 }
 
 /// Why a fault string was refused. Every message names the offending key.
@@ -48,18 +54,24 @@ pub enum FaultConfigError {
 }
 
 /// The keys [`FaultConfig::parse`] accepts.
-pub const FAULT_KEYS: [&str; 6] = [
+pub const FAULT_KEYS: [&str; 9] = [
     "error_rate",
     "latency_ms",
     "jitter_ms",
     "fail_nth",
     "lost_reply_rate",
     "seed",
+    "ignore_if_none_match",
+    "ignore_if_match",
+    "ignore_conditions",
 ];
 
 impl FaultConfig {
     /// Parses `key=value` pairs separated by commas, e.g.
     /// `error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=42`.
+    /// `ignore_if_none_match=1`, `ignore_if_match=1` and
+    /// `ignore_conditions=1` (both) simulate a store that ignores
+    /// conditional writes.
     /// Keys left out keep their default (no fault); an empty string is the
     /// default configuration.
     pub fn parse(text: &str) -> Result<FaultConfig, FaultConfigError> {
@@ -91,6 +103,13 @@ impl FaultConfig {
             "fail_nth" => self.fail_nth = Some(parse_call_number(key, value)?),
             "lost_reply_rate" => self.lost_reply_rate = parse_probability(key, value)?,
             "seed" => self.seed = Some(parse_u64(key, value)?),
+            "ignore_if_none_match" => self.ignore_if_none_match = parse_bool(key, value)?,
+            "ignore_if_match" => self.ignore_if_match = parse_bool(key, value)?,
+            "ignore_conditions" => {
+                let ignore = parse_bool(key, value)?;
+                self.ignore_if_none_match |= ignore;
+                self.ignore_if_match |= ignore;
+            }
             _ => {
                 return Err(FaultConfigError::UnknownKey {
                     key: key.to_string(),
@@ -123,6 +142,12 @@ impl fmt::Display for FaultConfig {
         if let Some(seed) = self.seed {
             write!(f, ",seed={seed}")?;
         }
+        if self.ignore_if_none_match {
+            f.write_str(",ignore_if_none_match=1")?;
+        }
+        if self.ignore_if_match {
+            f.write_str(",ignore_if_match=1")?;
+        }
         Ok(())
     }
 }
@@ -139,6 +164,14 @@ fn parse_u64(key: &str, value: &str) -> Result<u64, FaultConfigError> {
     value
         .parse::<u64>()
         .map_err(|e| bad_value(key, value, format!("expected a whole number: {e}")))
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, FaultConfigError> {
+    match value {
+        "1" | "true" => Ok(true),
+        "0" | "false" => Ok(false),
+        _ => Err(bad_value(key, value, "expected 1, 0, true or false")),
+    }
 }
 
 fn parse_call_number(key: &str, value: &str) -> Result<u64, FaultConfigError> {
@@ -173,12 +206,28 @@ mod tests {
             fail_nth: Some(7),
             lost_reply_rate: 0.01,
             seed: None,
+            ..FaultConfig::default()
         };
         assert_eq!(config, expected);
         assert_eq!(FaultConfig::parse(&config.to_string()).unwrap(), config);
         assert_eq!(FaultConfig::parse("").unwrap(), FaultConfig::default());
         let spaced: FaultConfig = " seed = 3 , error_rate=1 ,".parse().unwrap();
         assert_eq!((spaced.seed, spaced.error_rate), (Some(3), 1.0));
+    }
+
+    #[test]
+    fn ignoring_conditions_parses_and_round_trips() {
+        let one = FaultConfig::parse("ignore_if_none_match=1").unwrap();
+        assert!(one.ignore_if_none_match && !one.ignore_if_match);
+        let other = FaultConfig::parse("ignore_if_match=true").unwrap();
+        assert!(!other.ignore_if_none_match && other.ignore_if_match);
+        let both = FaultConfig::parse("ignore_conditions=1").unwrap();
+        assert!(both.ignore_if_none_match && both.ignore_if_match);
+        assert_eq!(FaultConfig::parse(&both.to_string()).unwrap(), both);
+        assert_eq!(
+            FaultConfig::parse("ignore_conditions=0").unwrap(),
+            FaultConfig::default()
+        );
     }
 
     #[test]
@@ -192,6 +241,7 @@ mod tests {
             ("jitter_ms=1.5", "jitter_ms"),
             ("error_rate", "error_rate"),
             ("seed=1,seed=2", "seed"),
+            ("ignore_if_match=yes", "ignore_if_match"),
         ];
         for (text, key) in cases {
             let error = FaultConfig::parse(text).unwrap_err().to_string();

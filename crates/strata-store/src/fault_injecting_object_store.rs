@@ -17,6 +17,12 @@
 //! Injected errors are `Error::Generic { store: "fault-injection", .. }`,
 //! which the retry layer treats as transient, as it would a 5xx.
 //!
+//! With `ignore_if_none_match` / `ignore_if_match`, conditional PUTs
+//! (`PutMode::Create` / `PutMode::Update`) reach the inner store as plain
+//! overwrites and succeed whatever is there: a store that accepts the
+//! headers and ignores them (Garage, some Ceph RGW versions). Counted in
+//! [`FaultStats`] as `conditions_ignored`.
+//!
 //! Streams: `list`/`list_with_offset` fail as a whole (a one-error stream);
 //! `delete_stream` goes through [`ObjectStore::delete`] per path so each
 //! path is a call. Multipart uploads only see faults when they are created;
@@ -33,7 +39,7 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use object_store::path::Path;
 use object_store::{
-    Error, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    Error, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMode,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 use serde::Serialize;
@@ -50,6 +56,7 @@ pub struct FaultStats {
     calls: AtomicU64,
     injected_errors: AtomicU64,
     lost_replies: AtomicU64,
+    conditions_ignored: AtomicU64,
 }
 
 /// A point-in-time copy of [`FaultStats`].
@@ -60,6 +67,8 @@ pub struct FaultStatsSnapshot {
     pub injected_errors: u64,
     /// Calls the inner store performed but that were reported as failed.
     pub lost_replies: u64,
+    /// Conditional PUTs passed on as plain overwrites.
+    pub conditions_ignored: u64,
 }
 
 impl FaultStats {
@@ -75,11 +84,16 @@ impl FaultStats {
         self.lost_replies.load(Ordering::Relaxed)
     }
 
+    pub fn conditions_ignored(&self) -> u64 {
+        self.conditions_ignored.load(Ordering::Relaxed)
+    }
+
     pub fn snapshot(&self) -> FaultStatsSnapshot {
         FaultStatsSnapshot {
             calls: self.calls(),
             injected_errors: self.injected_errors(),
             lost_replies: self.lost_replies(),
+            conditions_ignored: self.conditions_ignored(),
         }
     }
 }
@@ -186,6 +200,22 @@ impl<T: ObjectStore> FaultInjectingObjectStore<T> {
         Err(injected_error(what))
     }
 
+    /// `opts` with its condition dropped if this store is to ignore it.
+    fn apply_ignored_conditions(&self, mut opts: PutOptions) -> PutOptions {
+        let ignore = match opts.mode {
+            PutMode::Create => self.config.ignore_if_none_match,
+            PutMode::Update(_) => self.config.ignore_if_match,
+            PutMode::Overwrite => false,
+        };
+        if ignore {
+            self.stats
+                .conditions_ignored
+                .fetch_add(1, Ordering::Relaxed);
+            opts.mode = PutMode::Overwrite;
+        }
+        opts
+    }
+
     /// True with probability `rate`; draws nothing when `rate` is 0 so a
     /// fault-free configuration leaves the sequence alone.
     fn draw(&self, rate: f64) -> bool {
@@ -225,6 +255,7 @@ impl<T: ObjectStore> ObjectStore for FaultInjectingObjectStore<T> {
         opts: PutOptions,
     ) -> Result<PutResult> {
         let call = self.before_call("put", location).await?;
+        let opts = self.apply_ignored_conditions(opts);
         let result = self.inner.put_opts(location, payload, opts).await;
         self.after_mutation("put", location, call, result)
     }
@@ -478,6 +509,50 @@ mod tests {
             assert!((20..=30).contains(&ms), "{delay:?}");
         }
         assert!(slept.iter().any(|d| d.as_millis() != 20), "jitter varies");
+    }
+
+    #[tokio::test]
+    async fn ignored_conditions_become_overwrites_each_on_its_own() {
+        let path = Path::from("lease");
+        let body = |s: &'static str| PutPayload::from_static(s.as_bytes());
+        let (store, _, _) = faulty("ignore_if_none_match=1");
+        let v1 = store
+            .put_opts(&path, body("a"), PutMode::Create.into())
+            .await
+            .unwrap();
+        store
+            .put_opts(&path, body("b"), PutMode::Create.into())
+            .await
+            .unwrap();
+        let stale = PutMode::Update(v1.into());
+        let error = store
+            .put_opts(&path, body("c"), stale.into())
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::Precondition { .. }), "{error}");
+        assert_eq!(store.stats().conditions_ignored(), 2);
+
+        let (store, _, _) = faulty("ignore_if_match=1");
+        let v1 = store
+            .put_opts(&path, body("a"), PutMode::Create.into())
+            .await
+            .unwrap();
+        let error = store
+            .put_opts(&path, body("b"), PutMode::Create.into())
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::AlreadyExists { .. }), "{error}");
+        store
+            .put_opts(&path, body("c"), PutMode::Update(v1.clone().into()).into())
+            .await
+            .unwrap();
+        store
+            .put_opts(&path, body("d"), PutMode::Update(v1.into()).into())
+            .await
+            .unwrap();
+        let got = store.get(&path).await.unwrap().bytes().await.unwrap();
+        assert_eq!(got, Bytes::from_static(b"d"));
+        assert_eq!(store.stats().snapshot().conditions_ignored, 2);
     }
 
     #[tokio::test]

@@ -12,7 +12,12 @@
 //! requests in flight, fault injection for tests, and [`layer`], which
 //! stacks them in the standard order. Time and randomness they use sit
 //! behind [`Sleeper`] and [`Entropy`] so tests can control them.
+//!
+//! And whether a store enforces the conditional writes strata relies on:
+//! the probe ([`probe_conditional_writes`]) and its verdict remembered in
+//! the store ([`remembered_or_probed`]).
 
+mod conditional_write_probe;
 mod counting_http_connector;
 mod env;
 mod fault_config;
@@ -26,10 +31,15 @@ mod retry_policy;
 mod retrying_object_store;
 mod s3_config;
 mod store;
+mod store_check;
 mod store_metrics;
 #[cfg(test)]
 mod test_support;
 
+pub use conditional_write_probe::{
+    probe_conditional_writes, Condition, ConditionCheck, ProbeError, ProbeReport, Verdict,
+    PROBE_PREFIX,
+};
 pub use counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
 pub use s3_config::{Credentials, HttpMode, S3Config};
 
@@ -37,6 +47,10 @@ pub use local_reader::LocalFile;
 pub use names::{validate_name, validate_volume_name, ObjectNames, MAX_VOLUME_NAME_BYTES};
 pub use object_store;
 pub use store::{Store, StoreError, StoreStats};
+pub use store_check::{
+    probe_and_record, read_record, remembered_or_probed, utc_timestamp, StoreCheckRecord,
+    VerdictSource, MAX_RECORD_BYTES, PROBE_FORMAT, STORE_CHECK_OBJECT,
+};
 
 pub use env::{unit_interval, up_to_inclusive, Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
 pub use fault_config::{FaultConfig, FaultConfigError, FAULT_KEYS};

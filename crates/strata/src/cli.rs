@@ -33,7 +33,9 @@ pub struct Cli {
     pub store_attempts: u32,
 
     /// Testing only: inject store faults, e.g.
-    /// error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=1
+    /// error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=1;
+    /// ignore_if_none_match=1, ignore_if_match=1 or ignore_conditions=1
+    /// make conditional PUTs plain overwrites (a store that ignores them).
     #[arg(long, global = true, env = "STRATA_FAULTS", value_name = "SPEC")]
     pub inject_faults: Option<String>,
 
@@ -55,6 +57,19 @@ pub struct Cli {
     /// object) for log shippers. STRATA_LOG sets the level (default info).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "STRATA_LOG_FORMAT")]
     pub log_format: LogFormat,
+
+    /// Serve and write volumes even on a store that does not enforce
+    /// conditional writes (If-None-Match / If-Match on PUT; `strata store
+    /// check` tells). Then nothing protects a volume against a second
+    /// writer: two hosts could serve it at once and corrupt it. Only for a
+    /// store that one host will ever use. A warning is logged at start.
+    #[arg(
+        long,
+        global = true,
+        env = "STRATA_UNSAFE_SINGLE_HOST",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub unsafe_single_host: bool,
 
     #[command(subcommand)]
     pub command: Command,
@@ -97,6 +112,29 @@ pub enum Command {
     /// Keys for encrypted volumes.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// The store itself: whether strata can safely use it.
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Probe whether the store enforces the conditional writes that the
+    /// lease, fencing and GC rely on (If-None-Match and If-Match on PUT):
+    /// writes and deletes two objects under .strata-probe/, prints what
+    /// was verified, and records the verdict in .strata-store-check (which
+    /// `strata serve` reads instead of probing). Exits non-zero if the
+    /// store lacks either. Commands that write volumes probe a store on
+    /// first use by themselves; run this after the store was upgraded.
+    Check {
+        /// The store (as --store; default: --store, STRATA_STORE or
+        /// <data-dir>/store).
+        #[arg(value_name = "PATH_OR_URL")]
+        url: Option<String>,
+        /// Print the recorded verdict as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

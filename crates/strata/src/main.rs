@@ -10,6 +10,7 @@ mod serve;
 mod size;
 mod snapshot_cmd;
 mod socket_activation;
+mod store_cmd;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -24,7 +25,7 @@ use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
 
 use crate::cli::{
     Cli, Command, DurabilityArg, GcArgs, KeyCommand, LogFormat, OnOff, OnOffAuto, ServeArgs,
-    VolumeCommand,
+    StoreCommand, VolumeCommand,
 };
 use crate::size::{format_size, size_option};
 
@@ -146,19 +147,33 @@ fn key_command(cli: &Cli, cmd: &KeyCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves data dir and store, and builds the engine.
-async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> {
-    let data_dir = match &cli.data_dir {
-        Some(d) => d.clone(),
-        None => default_data_dir()?,
+fn data_dir(cli: &Cli) -> anyhow::Result<PathBuf> {
+    match &cli.data_dir {
+        Some(d) => Ok(d.clone()),
+        None => default_data_dir(),
+    }
+}
+
+/// Opens the store `spec` names, else --store's, else <data-dir>/store.
+async fn open_store(cli: &Cli, spec: Option<&str>) -> anyhow::Result<Store> {
+    let spec = match spec.or(cli.store.as_deref()) {
+        Some(s) => s.to_string(),
+        None => data_dir(cli)?.join("store").to_string_lossy().into_owned(),
     };
-    let store_spec = match &cli.store {
-        Some(s) => s.clone(),
-        None => data_dir.join("store").to_string_lossy().into_owned(),
-    };
-    let store = Store::open(&store_spec, &layer_config(cli)?)
+    Store::open(&spec, &layer_config(cli)?)
         .await
-        .context("cannot open the store")?;
+        .context("cannot open the store")
+}
+
+/// Resolves data dir and store, and builds the engine. A command that
+/// writes volumes first makes sure the store enforces conditional writes.
+async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> {
+    let data_dir = data_dir(cli)?;
+    let store = open_store(cli, None).await?;
+    if store_cmd::writes_volumes(&cli.command) {
+        let unsafe_ok = cli.unsafe_single_host;
+        store_cmd::require_conditional_writes(&store, unsafe_ok, serve.is_some()).await?;
+    }
     let mut config = VolumeConfig::new(data_dir);
     config.key = user_key(cli)?.map(std::sync::Arc::new);
     if let Some(args) = serve {
@@ -235,6 +250,9 @@ async fn run(
         }
         Command::Key(cmd) => key_command(&cli, cmd)?,
         Command::Fsck(args) => return fsck_cmd::run(&engine(&cli, None).await?, args).await,
+        Command::Store(StoreCommand::Check { url, json }) => {
+            store_cmd::check(&open_store(&cli, url.as_deref()).await?, *json).await?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

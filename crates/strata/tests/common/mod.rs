@@ -134,7 +134,10 @@ fn socket_activated(cmd: &Command, listener: Arc<std::os::unix::net::UnixListene
     wrapped
 }
 
-fn spawn_collector<R: Read + Send + 'static>(mut r: R, buf: Arc<Mutex<Vec<u8>>>) {
+fn spawn_collector<R: Read + Send + 'static>(
+    mut r: R,
+    buf: Arc<Mutex<Vec<u8>>>,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut chunk = [0u8; 8192];
         loop {
@@ -146,7 +149,7 @@ fn spawn_collector<R: Read + Send + 'static>(mut r: R, buf: Arc<Mutex<Vec<u8>>>)
                     .extend_from_slice(&chunk[..n]),
             }
         }
-    });
+    })
 }
 
 fn text(buf: &Arc<Mutex<Vec<u8>>>) -> String {
@@ -513,6 +516,8 @@ pub struct Server {
     /// The listening socket this harness holds and passes to every start
     /// (systemd socket activation): clients queue in it across restarts.
     held_socket: Option<Arc<std::os::unix::net::UnixListener>>,
+    /// Reads the running server's stderr into `stderr`; done at its EOF.
+    stderr_collector: Option<thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -566,6 +571,7 @@ impl Server {
             starts: 0,
             stderr_shown: false,
             held_socket: None,
+            stderr_collector: None,
         }
     }
 
@@ -784,10 +790,10 @@ impl Server {
             self.stderr_mark = e.len();
             e.extend_from_slice(format!("=== start #{}: {desc}\n", self.starts).as_bytes());
         }
-        spawn_collector(
+        self.stderr_collector = Some(spawn_collector(
             child.stderr.take().expect("stderr piped"),
             self.stderr.clone(),
-        );
+        ));
         let stdout = child.stdout.take().expect("stdout piped");
         let (tx, rx) = mpsc::channel::<String>();
         thread::spawn(move || {
@@ -891,12 +897,26 @@ impl Server {
         loop {
             if let Ok(Some(st)) = child.try_wait() {
                 self.child = None;
+                self.drain_stderr();
                 return Some(st);
             }
             if t0.elapsed() > timeout {
                 return None;
             }
             thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits (up to 5 s) until the collector has read the exited server's
+    /// stderr to its end, so what it wrote last (an abort message) is in
+    /// `stderr()` when the caller looks.
+    fn drain_stderr(&mut self) {
+        let Some(collector) = self.stderr_collector.take() else {
+            return;
+        };
+        let t0 = Instant::now();
+        while !collector.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+            thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -1048,6 +1068,7 @@ pub fn strata_command(s3: Option<&S3Store>, env: &[(String, String)]) -> Command
     c.env_remove("STRATA_STORE")
         .env_remove("STRATA_DATA_DIR")
         .env_remove("STRATA_FAULTS")
+        .env_remove("STRATA_UNSAFE_SINGLE_HOST")
         .env_remove("AWS_PROFILE")
         .env_remove("AWS_CA_BUNDLE")
         .env_remove("AWS_SESSION_TOKEN")
