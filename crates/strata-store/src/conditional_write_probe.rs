@@ -185,7 +185,7 @@ impl ProbeReport {
 pub enum ProbeError {
     /// The store's error is in the message, not a `source()`: callers
     /// print error chains, which would repeat it.
-    #[error("probing {store} for conditional writes: {step} ({object}) failed: {error}")]
+    #[error("probing {store} for conditional writes: {step} ({object}) failed: {}", crate::error_text::error_text(.error))]
     Store {
         store: String,
         step: &'static str,
@@ -194,6 +194,17 @@ pub enum ProbeError {
     },
     #[error("probing {store} for conditional writes: {what}")]
     Unexpected { store: String, what: String },
+}
+
+impl ProbeError {
+    /// Whether the store's error already says what to do (an explained
+    /// [`crate::StoreFailure`]: credentials, permissions, bucket, disk).
+    pub fn is_explained(&self) -> bool {
+        match self {
+            ProbeError::Store { error, .. } => crate::StoreFailure::find(error).is_some(),
+            ProbeError::Unexpected { .. } => false,
+        }
+    }
 }
 
 /// Probes `store` (see the module doc). Probe objects are deleted whatever

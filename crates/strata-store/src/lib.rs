@@ -13,15 +13,23 @@
 //! stacks them in the standard order. Time and randomness they use sit
 //! behind [`Sleeper`] and [`Entropy`] so tests can control them.
 //!
+//! Errors for people: a store's raw errors explained with what to do
+//! ([`StoreFailure`], which also decides retrying), and one line per error
+//! chain, each cause once ([`error_text`]).
+//!
 //! And whether a store enforces the conditional writes strata relies on:
 //! the probe ([`probe_conditional_writes`]) and its verdict remembered in
 //! the store ([`remembered_or_probed`]).
 
 mod conditional_write_probe;
 mod counting_http_connector;
+mod credential_source;
 mod env;
+mod error_text;
+mod explaining_object_store;
 mod fault_config;
 mod fault_injecting_object_store;
+mod instance_metadata;
 mod instrumented_object_store;
 mod layered_object_store;
 mod limited_object_store;
@@ -32,6 +40,7 @@ mod retrying_object_store;
 mod s3_config;
 mod store;
 mod store_check;
+mod store_failure;
 mod store_metrics;
 #[cfg(test)]
 mod test_support;
@@ -41,7 +50,12 @@ pub use conditional_write_probe::{
     PROBE_PREFIX,
 };
 pub use counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
-pub use s3_config::{Credentials, HttpMode, S3Config};
+pub use credential_source::{CredentialSource, Credentials};
+pub use error_text::{error_text, ErrorText};
+pub use explaining_object_store::{ExplainingObjectStore, StorePlace};
+pub use instance_metadata::InstanceMetadata;
+pub use s3_config::{HttpMode, S3Config};
+pub use store_failure::{FailureKind, StoreFailure};
 
 pub use local_reader::LocalFile;
 pub use names::{validate_name, validate_volume_name, ObjectNames, MAX_VOLUME_NAME_BYTES};
@@ -64,7 +78,8 @@ pub use layered_object_store::{
 pub use limited_object_store::{LimitStats, LimitStatsSnapshot, LimitedObjectStore};
 pub use retry_policy::RetryPolicy;
 pub use retrying_object_store::{
-    is_transient, RetryStats, RetryStatsSnapshot, RetryingObjectStore,
+    is_transient, RetriesExhausted, RetryStats, RetryStatsSnapshot, RetryingObjectStore,
+    RETRY_LOG_TARGET,
 };
 pub use store_metrics::{
     OpMetricsSnapshot, StoreMetrics, StoreMetricsSnapshot, StoreOp, LATENCY_BUCKETS,

@@ -57,16 +57,76 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::env::{Entropy, Sleeper, SplitMixEntropy, TokioSleeper};
+use crate::error_text::{error_text, ErrorText};
 use crate::retry_policy::RetryPolicy;
+use crate::store_failure::StoreFailure;
+
+/// The `tracing` target of retry messages. A server logs each retry; a
+/// one-shot command turns this target off (its final error says how many
+/// attempts were made), so a failing command prints one line.
+pub const RETRY_LOG_TARGET: &str = "strata_store::retries";
+
+/// A transient error still there after the last attempt: the error as it
+/// came, and how long strata kept trying.
+#[derive(Debug)]
+pub struct RetriesExhausted {
+    pub attempts: u32,
+    pub elapsed_ms: u64,
+    pub last: Error,
+}
+
+impl fmt::Display for RetriesExhausted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({} attempts over {:.1} s)",
+            error_text(&self.last),
+            self.attempts,
+            self.elapsed_ms as f64 / 1000.0
+        )
+    }
+}
+
+impl std::error::Error for RetriesExhausted {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.last)
+    }
+}
+
+/// `error` after `attempts` attempts: a `Generic` one (what transient
+/// errors are) says how many; other variants stay matchable as they came.
+pub(crate) fn gave_up(error: Error, attempts: u32, elapsed_ms: u64) -> Error {
+    if attempts <= 1 {
+        return error;
+    }
+    match error {
+        Error::Generic { store, .. } => Error::Generic {
+            store,
+            source: Box::new(RetriesExhausted {
+                attempts,
+                elapsed_ms,
+                last: error,
+            }),
+        },
+        other => other,
+    }
+}
 
 /// Whether an error may go away if the same request is sent again.
 ///
-/// Errors that describe the request or the object (missing, exists, failed
+/// An explained failure ([`StoreFailure`], from `ExplainingObjectStore`)
+/// decides by its kind: an unreachable endpoint or a timeout may pass,
+/// rejected credentials, a denied permission, a missing bucket or a full
+/// disk do not, whatever variant carries them. Otherwise, errors that
+/// describe the request or the object (missing, exists, failed
 /// precondition, bad path, no permission, unsupported) will not change on a
 /// retry. `Generic` is what object_store's HTTP clients report for 5xx
 /// replies, timeouts and connection resets once their own retries are spent,
 /// so it is retried, as is anything unknown (the enum is non-exhaustive).
 pub fn is_transient(error: &Error) -> bool {
+    if let Some(failure) = StoreFailure::find(error) {
+        return failure.kind.is_transient();
+    }
     !matches!(
         error,
         Error::NotFound { .. }
@@ -186,16 +246,18 @@ impl<T: ObjectStore> RetryingObjectStore<T> {
                 .backoff_delay_ms(attempt_number, self.entropy.as_ref());
             if self.must_stop(attempt_number, started, delay_ms) {
                 self.log_give_up(operation, path, attempt_number, &error);
-                return Err(error);
+                let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                return Err(gave_up(error, attempt_number, elapsed_ms));
             }
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
+                target: RETRY_LOG_TARGET,
                 operation,
                 volume = %crate::names::volume_of(path),
                 path = %path,
                 attempt = attempt_number,
                 delay_ms,
-                error = %error,
+                error = %ErrorText(&error),
                 "object store request failed; retrying"
             );
             self.sleeper.sleep(Duration::from_millis(delay_ms)).await;
@@ -218,11 +280,12 @@ impl<T: ObjectStore> RetryingObjectStore<T> {
     fn log_give_up(&self, operation: &'static str, path: &Path, attempts: u32, error: &Error) {
         self.stats.gave_up.fetch_add(1, Ordering::Relaxed);
         tracing::error!(
+            target: RETRY_LOG_TARGET,
             operation,
             volume = %crate::names::volume_of(path),
             path = %path,
             attempts,
-            error = %error,
+            error = %ErrorText(error),
             "object store request failed; giving up"
         );
     }

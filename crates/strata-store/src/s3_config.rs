@@ -11,11 +11,13 @@
 //! - Region: `region=`, `AWS_REGION`, `AWS_DEFAULT_REGION`, else us-east-1.
 //! - Addressing: path-style when an endpoint is given (MinIO, Ceph RGW,
 //!   Garage), virtual-hosted for AWS; `addressing=` overrides.
-//! - Credentials, first found: `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY`
-//!   (+ `AWS_SESSION_TOKEN`); the shared credentials file
-//!   (`AWS_SHARED_CREDENTIALS_FILE` or `~/.aws/credentials`, profile
-//!   `AWS_PROFILE` or `default`); on AWS only, the instance's role. They
-//!   are never logged: [`S3Config`]'s `Debug` and description omit them.
+//! - Credentials, first found (`credential_source.rs`): the environment,
+//!   the shared credentials file, web identity, the instance's role from
+//!   the instance metadata service when it is to be asked
+//!   (`instance_metadata.rs`; whatever the endpoint, e.g. an S3 VPC
+//!   endpoint). None found is an error at once that says where strata
+//!   looked. They are never logged: [`S3Config`]'s `Debug` and description
+//!   omit them.
 //! - TLS: `AWS_CA_BUNDLE` names a PEM file of extra trusted certificates.
 //! - HTTP version: `http=auto` (default), `http=1.1` or `http=2`.
 //! - Payload signing: `payload=auto` (default: signed over `http://`,
@@ -47,6 +49,9 @@ use object_store::aws::AmazonS3Builder;
 use object_store::{Certificate, ClientOptions, ObjectStore, RetryConfig};
 
 use crate::counting_http_connector::{CountingHttpConnector, HttpVersionCounts};
+use crate::credential_source::{not_found, read_bounded, CredentialSource};
+use crate::explaining_object_store::StorePlace;
+use crate::instance_metadata::{looks_like_ec2, InstanceMetadata};
 
 /// How long establishing a TCP (+TLS) connection may take.
 const CONNECT_TIMEOUT_MS: u64 = 5_000;
@@ -54,16 +59,6 @@ const CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// 10 MB/s fits).
 const REQUEST_TIMEOUT_MS: u64 = 60_000;
 const MAX_CA_BUNDLE_BYTES: u64 = 4 << 20;
-const MAX_CREDENTIALS_FILE_BYTES: u64 = 1 << 20;
-
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub session_token: Option<String>,
-    /// Where they came from, for messages.
-    pub source: String,
-}
 
 /// A parsed `s3://` store specification.
 #[derive(Clone, PartialEq, Eq)]
@@ -74,7 +69,7 @@ pub struct S3Config {
     pub endpoint: Option<String>,
     pub region: String,
     pub virtual_hosted: bool,
-    pub credentials: Option<Credentials>,
+    pub credentials: CredentialSource,
     pub ca_bundle: Option<PathBuf>,
     pub http: HttpMode,
     /// `Some(true)`: sign the payload; `None`: unsigned over https only.
@@ -133,10 +128,7 @@ impl S3Config {
         if let Some(e) = &endpoint {
             validate_endpoint(e)?;
         }
-        let credentials = find_credentials(env)?;
-        if credentials.is_none() && endpoint.is_some() {
-            return Err("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or write them to ~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE)".into());
-        }
+        let credentials = CredentialSource::find(env, &looks_like_ec2)?;
         Ok(S3Config {
             bucket,
             prefix,
@@ -178,13 +170,47 @@ impl S3Config {
             .is_none_or(|e| e.starts_with("https://"))
     }
 
+    /// The endpoint as a person would recognise it (AWS's when none is
+    /// given), for messages.
+    pub fn endpoint_for_messages(&self) -> String {
+        match (&self.endpoint, self.virtual_hosted) {
+            (Some(e), _) => e.clone(),
+            (None, true) => format!("https://{}.s3.{}.amazonaws.com", self.bucket, self.region),
+            (None, false) => format!("https://s3.{}.amazonaws.com", self.region),
+        }
+    }
+
+    /// Where this store is, for the messages of its failures.
+    pub fn place(&self) -> StorePlace {
+        let endpoint_hint = match &self.endpoint {
+            Some(_) => "check the endpoint (endpoint= in the store URL, or AWS_ENDPOINT_URL) and that the S3 service runs there".to_string(),
+            None => "check this machine's network access to AWS S3 over HTTPS".to_string(),
+        };
+        StorePlace::S3 {
+            endpoint: self.endpoint_for_messages(),
+            bucket: self.bucket.clone(),
+            region: self.region.clone(),
+            credentials: self.credentials.describe(),
+            endpoint_hint,
+        }
+    }
+
     /// Builds the S3 client (the bucket root; the prefix is applied by the
     /// caller), choosing the HTTP version as the module doc says. Returns
-    /// the client and whether it speaks HTTP/2.
+    /// the client and whether it speaks HTTP/2. With the instance role as
+    /// credentials, first checks that the metadata service has one to give
+    /// (`instance_metadata.rs`).
     pub async fn connect(
         &self,
         counts: Arc<HttpVersionCounts>,
     ) -> Result<(Arc<dyn ObjectStore>, bool), String> {
+        if let CredentialSource::InstanceRole { endpoint, looked } = &self.credentials {
+            if let Err(why) = InstanceMetadata::role(endpoint).await {
+                let mut looked = looked.clone();
+                looked.push(format!("instance metadata ({why})"));
+                return Err(not_found(&looked));
+            }
+        }
         let try_h2 = match self.http {
             HttpMode::Http1 => false,
             HttpMode::Http2 => return Ok((self.build(counts, true)?, true)),
@@ -244,12 +270,19 @@ impl S3Config {
         if let Some(e) = &self.endpoint {
             builder = builder.with_endpoint(e);
         }
-        if let Some(c) = &self.credentials {
-            builder = builder
-                .with_access_key_id(&c.access_key_id)
-                .with_secret_access_key(&c.secret_access_key);
-            if let Some(t) = &c.session_token {
-                builder = builder.with_token(t);
+        match &self.credentials {
+            CredentialSource::Keys(c) => {
+                builder = builder
+                    .with_access_key_id(&c.access_key_id)
+                    .with_secret_access_key(&c.secret_access_key);
+                if let Some(t) = &c.session_token {
+                    builder = builder.with_token(t);
+                }
+            }
+            // object_store reads AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN.
+            CredentialSource::WebIdentity => {}
+            CredentialSource::InstanceRole { endpoint, .. } => {
+                builder = builder.with_metadata_endpoint(endpoint);
             }
         }
         let s3 = builder
@@ -323,107 +356,6 @@ fn validate_endpoint(endpoint: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn find_credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Credentials>, String> {
-    let key = env("AWS_ACCESS_KEY_ID").filter(|s| !s.is_empty());
-    let secret = env("AWS_SECRET_ACCESS_KEY").filter(|s| !s.is_empty());
-    match (key, secret) {
-        (Some(access_key_id), Some(secret_access_key)) => {
-            return Ok(Some(Credentials {
-                access_key_id,
-                secret_access_key,
-                session_token: env("AWS_SESSION_TOKEN").filter(|s| !s.is_empty()),
-                source: "environment".into(),
-            }))
-        }
-        (Some(_), None) | (None, Some(_)) => {
-            return Err("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together".into())
-        }
-        (None, None) => {}
-    }
-    let explicit = env("AWS_SHARED_CREDENTIALS_FILE").filter(|s| !s.is_empty());
-    let path = match (&explicit, env("HOME")) {
-        (Some(p), _) => PathBuf::from(p),
-        (None, Some(home)) => PathBuf::from(home).join(".aws").join("credentials"),
-        (None, None) => return Ok(None),
-    };
-    let profile = env("AWS_PROFILE")
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "default".into());
-    let text = match read_bounded(&path, MAX_CREDENTIALS_FILE_BYTES) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
-            return Ok(None)
-        }
-        Err(e) => {
-            return Err(format!(
-                "cannot read credentials file {}: {e}",
-                path.display()
-            ))
-        }
-    };
-    let text = String::from_utf8(text)
-        .map_err(|_| format!("credentials file {} is not UTF-8", path.display()))?;
-    parse_credentials_file(&text, &profile, &path.display().to_string())
-}
-
-/// Reads profile `profile` of an AWS shared credentials file (INI).
-fn parse_credentials_file(
-    text: &str,
-    profile: &str,
-    file: &str,
-) -> Result<Option<Credentials>, String> {
-    let mut in_profile = false;
-    let (mut key, mut secret, mut token) = (None, None, None);
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
-        }
-        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            in_profile = section.trim() == profile;
-            continue;
-        }
-        if !in_profile {
-            continue;
-        }
-        if let Some((k, v)) = line.split_once('=') {
-            let v = Some(v.trim().to_string());
-            match k.trim() {
-                "aws_access_key_id" => key = v,
-                "aws_secret_access_key" => secret = v,
-                "aws_session_token" => token = v,
-                _ => {}
-            }
-        }
-    }
-    match (key, secret) {
-        (Some(access_key_id), Some(secret_access_key)) => Ok(Some(Credentials {
-            access_key_id,
-            secret_access_key,
-            session_token: token,
-            source: format!("{file} [{profile}]"),
-        })),
-        (None, None) => Ok(None),
-        _ => Err(format!(
-            "profile [{profile}] of {file} needs both aws_access_key_id and aws_secret_access_key"
-        )),
-    }
-}
-
-fn read_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    std::fs::File::open(path)?
-        .take(max_bytes + 1)
-        .read_to_end(&mut buf)?;
-    if buf.len() as u64 > max_bytes {
-        return Err(std::io::Error::other(format!(
-            "larger than {max_bytes} bytes"
-        )));
-    }
-    Ok(buf)
-}
-
 fn read_ca_bundle(path: &std::path::Path) -> Result<Vec<Certificate>, String> {
     let pem = read_bounded(path, MAX_CA_BUNDLE_BYTES)
         .map_err(|e| format!("cannot read AWS_CA_BUNDLE {}: {e}", path.display()))?;
@@ -469,7 +401,7 @@ mod tests {
         assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!(c.region, "eu-1");
         assert!(!c.virtual_hosted, "path-style with an endpoint");
-        assert_eq!(c.credentials.as_ref().unwrap().source, "environment");
+        assert_eq!(c.credentials.describe(), "the environment");
         let d = c.describe();
         assert!(!d.contains("s3cr3t") && !d.contains("AKID"), "{d}");
         assert!(!format!("{c:?}").contains("s3cr3t"));
@@ -506,9 +438,13 @@ mod tests {
         }
         let half = env_of(&[("AWS_ACCESS_KEY_ID", "x")]);
         assert!(S3Config::parse("s3://vols", &half).is_err());
-        let none = env_of(&[("AWS_ENDPOINT_URL", "http://h:1")]);
+        // Never asks 169.254.169.254 from a test, on EC2 or not.
+        let none = env_of(&[
+            ("AWS_ENDPOINT_URL", "http://h:1"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ]);
         let err = S3Config::parse("s3://vols", &none).unwrap_err();
-        assert!(err.contains("no S3 credentials"), "{err}");
+        assert!(err.contains("no S3 credentials found"), "{err}");
     }
 
     #[test]
@@ -527,17 +463,20 @@ mod tests {
             ("AWS_ENDPOINT_URL", "http://h:1"),
         ]);
         let c = S3Config::parse("s3://vols", &env).unwrap();
-        let cred = c.credentials.unwrap();
+        let CredentialSource::Keys(cred) = c.credentials else {
+            panic!("{:?}", c.credentials)
+        };
         assert_eq!(
             (cred.access_key_id.as_str(), cred.secret_access_key.as_str()),
             ("C", "CS")
         );
         assert_eq!(cred.session_token.as_deref(), Some("T"));
-        let env = env_of(&[("HOME", dir.path().to_str().unwrap())]);
-        assert!(S3Config::parse("s3://vols", &env)
-            .unwrap()
-            .credentials
-            .is_none());
+        let env = env_of(&[
+            ("HOME", dir.path().to_str().unwrap()),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ]);
+        let err = S3Config::parse("s3://vols", &env).unwrap_err();
+        assert!(err.contains("credentials (no such file)"), "{err}");
         let env = env_of(&[("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/creds")]);
         assert!(S3Config::parse("s3://vols", &env).is_err());
     }

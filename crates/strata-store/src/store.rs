@@ -16,10 +16,12 @@ use object_store::{PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 
 use crate::counting_http_connector::{HttpVersionCounts, HttpVersionSnapshot};
 use crate::env::SplitMixEntropy;
+use crate::error_text::{error_text, ErrorText};
+use crate::explaining_object_store::{ExplainingObjectStore, StorePlace};
 use crate::layered_object_store::{layer, LayerConfig, Layered, LayeredSnapshot};
 use crate::local_reader::{LocalFile, LocalReader};
 use crate::retry_policy::RetryPolicy;
-use crate::retrying_object_store::is_transient;
+use crate::retrying_object_store::{gave_up, is_transient, RETRY_LOG_TARGET};
 use crate::s3_config::S3Config;
 use futures::TryStreamExt;
 use object_store::prefix::PrefixStore;
@@ -123,7 +125,9 @@ impl Store {
     ) -> Result<Store, String> {
         let config = S3Config::parse(spec, env)?;
         let counts = Arc::new(HttpVersionCounts::default());
-        let (bucket_root, _http2) = config.connect(counts.clone()).await?;
+        let (raw_root, _http2) = config.connect(counts.clone()).await?;
+        let bucket_root: Arc<dyn ObjectStore> =
+            Arc::new(ExplainingObjectStore::new(raw_root, config.place()));
         let bucket = Arc::new(Bucket {
             root: bucket_root,
             config,
@@ -189,14 +193,28 @@ impl Store {
     pub fn local_with(dir: &FsPath, layers: &LayerConfig) -> Result<Store, String> {
         let dir = absolute(dir)?;
         if dir.exists() && !dir.is_dir() {
-            return Err(format!("{} exists and is not a directory", dir.display()));
+            return Err(format!(
+                "{} exists and is not a directory: give --store a directory (created if missing), file:///path or s3://bucket/prefix",
+                dir.display()
+            ));
         }
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
-        let fs = LocalFileSystem::new_with_prefix(&dir)
-            .map_err(|e| format!("cannot open directory {}: {e}", dir.display()))?;
-        let mut store =
-            Store::from_object_store(Arc::new(fs), format!("file://{}", dir.display()), layers);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            format!(
+                "cannot create directory {}: {}",
+                dir.display(),
+                error_text(&e)
+            )
+        })?;
+        let fs = LocalFileSystem::new_with_prefix(&dir).map_err(|e| {
+            format!(
+                "cannot open directory {}: {}",
+                dir.display(),
+                error_text(&e)
+            )
+        })?;
+        let place = StorePlace::Local { root: dir.clone() };
+        let fs: Arc<dyn ObjectStore> = Arc::new(ExplainingObjectStore::new(fs, place));
+        let mut store = Store::from_object_store(fs, format!("file://{}", dir.display()), layers);
         store.local_reader = Some(Arc::new(LocalReader::new(dir)));
         Ok(store)
     }
@@ -343,14 +361,14 @@ impl Store {
                 Err(e) => e,
             };
             let elapsed_ms = started.elapsed().as_millis() as u64;
-            if !is_transient(&e)
-                || attempt >= self.retry.max_attempts
-                || elapsed_ms >= self.retry.deadline_ms
-            {
+            if !is_transient(&e) {
                 return Err(e);
             }
+            if attempt >= self.retry.max_attempts || elapsed_ms >= self.retry.deadline_ms {
+                return Err(gave_up(e, attempt, elapsed_ms));
+            }
             let delay_ms = self.retry.backoff_delay_ms(attempt, &entropy);
-            tracing::warn!(volume = %crate::names::volume_of(prefix), path = %prefix, attempt, delay_ms, error = %e, "store list failed; retrying");
+            tracing::warn!(target: RETRY_LOG_TARGET, volume = %crate::names::volume_of(prefix), path = %prefix, attempt, delay_ms, error = %ErrorText(&e), "store list failed; retrying");
             tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
             attempt += 1;
         }
@@ -409,7 +427,10 @@ impl Store {
 
 fn absolute(dir: &FsPath) -> Result<PathBuf, String> {
     if dir.as_os_str().is_empty() {
-        return Err("empty store path".to_string());
+        return Err(
+            "empty store path: give --store a directory, file:///path or s3://bucket/prefix"
+                .to_string(),
+        );
     }
     std::path::absolute(dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))
 }

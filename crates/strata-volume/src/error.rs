@@ -1,6 +1,7 @@
 //! Errors of the engine. Each says what failed and, where it can, what to do.
 //!
-//! A leaf: every folder may use it, it uses nothing of the crate.
+//! A leaf: every folder may use it, it uses nothing of the crate (errors of
+//! the store are said with `strata_store::error_text`).
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -16,7 +17,9 @@ pub enum VolumeError {
     Invalid(String),
     #[error("range {offset}+{len} is beyond the end of the volume ({size} bytes)")]
     OutOfRange { offset: u64, len: u64, size: u64 },
-    #[error("object store {store}: {op} {path}: {source}")]
+    /// The source is said with `strata_store::error_text`: object_store's
+    /// wrapper texts left out, an explained failure's advice kept.
+    #[error("object store {store}: {op}{}: {}", in_path(.path), strata_store::error_text(.source.as_ref()))]
     Store {
         store: String,
         op: &'static str,
@@ -47,6 +50,15 @@ pub enum VolumeError {
     /// An administrative operation (snapshot, rollback) did not happen.
     #[error("volume {name:?}: {detail}")]
     NotDone { name: String, detail: String },
+}
+
+/// " PATH", or nothing for the store's root (a listing of every volume).
+fn in_path(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!(" {path}")
+    }
 }
 
 impl VolumeError {

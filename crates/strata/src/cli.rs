@@ -16,9 +16,12 @@ pub struct Cli {
     /// s3://BUCKET[/PREFIX][?endpoint=URL&region=R&addressing=path|virtual&http=auto|1.1|2&payload=auto|signed|unsigned]
     /// (any S3-compatible service), or memory:// (gone at exit).
     /// Default: <data-dir>/store. S3 credentials come from
-    /// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials
-    /// (AWS_PROFILE), never from arguments; AWS_ENDPOINT_URL, AWS_REGION and
-    /// AWS_CA_BUNDLE are read too.
+    /// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws/credentials
+    /// (AWS_PROFILE), web identity (AWS_WEB_IDENTITY_TOKEN_FILE,
+    /// AWS_ROLE_ARN) or, on an EC2 instance (or at AWS_METADATA_ENDPOINT;
+    /// AWS_EC2_METADATA_DISABLED=true never), the instance's role; never
+    /// from arguments. AWS_ENDPOINT_URL, AWS_REGION and AWS_CA_BUNDLE are
+    /// read too.
     #[arg(long, global = true, env = "STRATA_STORE", value_name = "PATH_OR_URL")]
     pub store: Option<String>,
 
@@ -54,7 +57,9 @@ pub struct Cli {
 
     /// Log lines on stderr: `text` for people, `json` (one object per line:
     /// timestamp, level, target, message and fields such as volume and
-    /// object) for log shippers. STRATA_LOG sets the level (default info).
+    /// object) for log shippers. STRATA_LOG sets the levels (default:
+    /// info for `serve`; warn for other commands, whose store retries are
+    /// counted in their final error instead: STRATA_LOG=info shows them).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "STRATA_LOG_FORMAT")]
     pub log_format: LogFormat,
 

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use strata_store::{FaultConfig, LayerConfig, RetryPolicy, Store};
+use strata_store::{ErrorText, FaultConfig, LayerConfig, RetryPolicy, Store};
 use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
 
 use crate::cli::{
@@ -31,7 +31,7 @@ use crate::size::{format_size, size_option};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, matches!(cli.command, Command::Serve(_)));
     // Before the runtime's threads start: this clears LISTEN_* variables.
     let inherited = match &cli.command {
         Command::Serve(_) => socket_activation::take_inherited_listeners(),
@@ -57,19 +57,29 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) if log_format == LogFormat::Json => {
             // A shipper parses every line: the last one too.
-            tracing::error!(error = %format!("{e:#}"), "strata: error");
+            tracing::error!(error = %ErrorText(e.as_ref()), "strata: error");
             failed
         }
         Err(e) => {
-            eprintln!("strata: error: {e:#}");
+            eprintln!("strata: error: {}", ErrorText(e.as_ref()));
             failed
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs on stderr, at STRATA_LOG's levels. By default a server logs from
+/// info up, each store retry included. A one-shot command logs warnings
+/// and errors only, without the store's retry messages: what it did is
+/// its output, and its final error says what failed, after how many
+/// attempts, so a failing command prints one line.
+fn init_logging(format: LogFormat, server: bool) {
+    let default = if server {
+        "info".to_string()
+    } else {
+        format!("warn,{}=off", strata_store::RETRY_LOG_TARGET)
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -157,12 +167,39 @@ fn data_dir(cli: &Cli) -> anyhow::Result<PathBuf> {
 /// Opens the store `spec` names, else --store's, else <data-dir>/store.
 async fn open_store(cli: &Cli, spec: Option<&str>) -> anyhow::Result<Store> {
     let spec = match spec.or(cli.store.as_deref()) {
-        Some(s) => s.to_string(),
+        Some(s) => {
+            refuse_missing_directory(s, &cli.command)?;
+            s.to_string()
+        }
         None => data_dir(cli)?.join("store").to_string_lossy().into_owned(),
     };
     Store::open(&spec, &layer_config(cli)?)
         .await
         .context("cannot open the store")
+}
+
+/// A local store given by the user that does not exist is a typo more
+/// often than a wish for a new one: only the commands that put a first
+/// volume in a store (or check it) create its directory; the others say
+/// it is missing instead of answering for an empty store made on the spot.
+fn refuse_missing_directory(spec: &str, command: &Command) -> anyhow::Result<()> {
+    let creates = match command {
+        Command::Serve(_) | Command::Store(_) => true,
+        Command::Volume(v) => matches!(
+            v,
+            VolumeCommand::Create { .. } | VolumeCommand::Import { .. }
+        ),
+        _ => false,
+    };
+    let path = match spec.strip_prefix("file://") {
+        Some(p) => p,
+        None if spec.contains("://") => return Ok(()),
+        None => spec,
+    };
+    if creates || path.is_empty() || std::path::Path::new(path).exists() {
+        return Ok(());
+    }
+    bail!("store {path} does not exist: check --store (or STRATA_STORE); `strata volume create NAME --size SIZE` makes a new store there")
 }
 
 /// Resolves data dir and store, and builds the engine. A command that

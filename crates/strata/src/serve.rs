@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use nbd_server::{InheritedListener, ListenAddr, Server, ServerConfig, Tls, TlsMode};
+use strata_store::{error_text, ErrorText};
 use strata_volume::{Engine, EngineStats, VolumeError, VolumeInfo};
 
 use crate::cli::{ServeArgs, TlsArgs, TlsModeArg};
@@ -14,6 +15,9 @@ use crate::size::{parse_size, size_option};
 /// Serves until SIGTERM or SIGINT, on `--listen` addresses and on the
 /// listening sockets systemd passed (`inherited`; the default address is
 /// only used when there are neither).
+///
+/// The control socket is taken first: a second server on the same data
+/// directory stops before it opens, lists or prints anything.
 pub async fn serve(
     engine: Engine,
     args: &ServeArgs,
@@ -23,7 +27,21 @@ pub async fn serve(
     for spec in &args.create {
         create_if_missing(&engine, spec).await?;
     }
-    let addrs = listen_addrs(&engine, args, !inherited.is_empty())?;
+    let control_task = crate::control::listen(engine.clone()).await?;
+    let result = serve_volumes(&engine, args, inherited).await;
+    control_task.abort();
+    let _ = std::fs::remove_file(crate::control::socket_path(&engine.config().data_dir));
+    result
+}
+
+/// Opens the volumes, then listens, prints what is served and `ready`,
+/// and serves until a signal.
+async fn serve_volumes(
+    engine: &Arc<Engine>,
+    args: &ServeArgs,
+    inherited: Vec<InheritedListener>,
+) -> anyhow::Result<()> {
+    let addrs = listen_addrs(engine, args, !inherited.is_empty())?;
     let config = ServerConfig {
         max_in_flight_per_connection: args.max_in_flight.max(1),
         max_in_flight_bytes: size_option("--max-in-flight-bytes", &args.max_in_flight_bytes)?,
@@ -31,13 +49,17 @@ pub async fn serve(
         reply_stall_timeout_ms: args.reply_stall_timeout_ms,
         ..ServerConfig::default()
     };
-    let only = open_named(&engine, &args.volumes).await?;
+    let tls = tls_settings(&args.tls)?;
+    let only = open_named(engine, &args.volumes).await?;
+    let served = match &only {
+        Some(_) => OpenOutcome::all(args.volumes.clone()),
+        None => open_all(engine, engine.list_volumes().await?).await,
+    };
     let exports = Arc::new(VolumeExports {
         engine: engine.clone(),
         max_request_bytes: config.max_request_bytes,
-        only: only.clone(),
+        only,
     });
-    let tls = tls_settings(&args.tls)?;
     let stop = shutdown_signal();
     let mut server = Server::bind_and_adopt(exports, &addrs, inherited, config)
         .await
@@ -45,12 +67,6 @@ pub async fn serve(
     let tls_on = tls.is_some();
     if let Some(tls) = tls {
         server = server.with_tls(tls);
-    }
-    let mut volumes = engine.list_volumes().await?;
-    if let Some(only) = &only {
-        volumes.retain(|v| only.contains(&v.name));
-    } else {
-        open_all_in_background(&engine, volumes.clone());
     }
     let metrics_task = match &args.metrics_listen {
         Some(addr) => {
@@ -61,25 +77,22 @@ pub async fn serve(
         }
         None => None,
     };
-    print_uris(&volumes, &server.local_addrs(), tls_on)?;
-    let stats_task = start_stats(&engine, args);
-    let control_task = crate::control::listen(engine.clone()).await?;
+    print_uris(&served, &server.local_addrs(), tls_on)?;
+    let stats_task = start_stats(engine, args);
     crate::socket_activation::notify_ready();
     let result = server.run(stop).await;
     crate::socket_activation::notify_stopping();
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
     stats_task.abort();
-    control_task.abort();
     if let Some(task) = metrics_task {
         task.abort();
     }
-    let _ = std::fs::remove_file(crate::control::socket_path(&engine.config().data_dir));
     let last = engine.stats();
     tracing::info!(stats = %summary(&last), "final counters");
     if let Some(path) = &args.stats_file {
         if let Err(e) = write_stats(path, &last) {
-            tracing::warn!(file = %path.display(), error = %e, "cannot write the stats file");
+            tracing::warn!(file = %path.display(), error = %ErrorText(e.as_ref()), "cannot write the stats file");
         }
     }
     result.context("server failed")?;
@@ -103,7 +116,7 @@ fn start_stats(engine: &Arc<Engine>, args: &ServeArgs) -> tokio::task::JoinHandl
             tracing::debug!(stats = %summary(&stats), "counters");
             if let Some(path) = &path {
                 if let Err(e) = write_stats(path, &stats) {
-                    tracing::warn!(file = %path.display(), error = %e, "cannot write the stats file");
+                    tracing::warn!(file = %path.display(), error = %ErrorText(e.as_ref()), "cannot write the stats file");
                 }
             }
         }
@@ -152,8 +165,9 @@ fn write_stats(path: &std::path::Path, stats: &EngineStats) -> anyhow::Result<()
 }
 
 /// Opens the volumes named by `--volume` before serving: a volume that
-/// cannot be opened (another server holds it, it does not exist) stops the
-/// server with the reason. `None` when no volume was named.
+/// cannot be opened (another server holds it, it does not exist, its key
+/// is missing) stops the server with the reason. `None` when no volume was
+/// named.
 async fn open_named(
     engine: &Arc<Engine>,
     names: &[String],
@@ -162,28 +176,86 @@ async fn open_named(
         return Ok(None);
     }
     for name in names {
-        engine
-            .open_volume(name)
-            .await
-            .with_context(|| format!("cannot serve volume {name:?}"))?;
+        if let Err(e) = engine.open_volume(name).await {
+            bail!("{}", cannot_serve(name, &e));
+        }
     }
     Ok(Some(names.iter().cloned().collect()))
 }
 
-/// Opens (recovers) every volume now rather than at its first client, so
-/// journals are replayed and uploaded promptly and errors show at once.
-fn open_all_in_background(engine: &Arc<Engine>, volumes: Vec<VolumeInfo>) {
+/// "cannot serve volume "v": REASON", the volume named once: an engine
+/// error that names it already ("volume "v" is being served by ...",
+/// "volume "v": no key given") is not prefixed with the name again.
+fn cannot_serve(name: &str, e: &VolumeError) -> String {
+    let text = error_text(e);
+    match text.strip_prefix(&format!("volume {name:?}")) {
+        Some(rest) if rest.starts_with(": ") => format!("cannot serve {text}"),
+        Some(rest) if rest.starts_with(' ') => format!("cannot serve: {text}"),
+        _ => format!("cannot serve volume {name:?}: {text}"),
+    }
+}
+
+/// How long `serve` without `--volume` waits for its volumes to open
+/// before it prints what it serves. Opening recovers a volume (replays its
+/// journal, reads its checkpoint): seconds, unless a journal is large and
+/// the store slow; one such volume must not keep the others unserved.
+const OPEN_WAIT_MS: u64 = 30_000;
+
+/// What `serve` opened: the volumes it serves (listed with URIs), and
+/// those it could not open or that were still opening, with the reason.
+struct OpenOutcome {
+    served: Vec<String>,
+    /// Named on stderr with the reason as they were found.
+    not_served: Vec<String>,
+}
+
+impl OpenOutcome {
+    fn all(served: Vec<String>) -> OpenOutcome {
+        OpenOutcome {
+            served,
+            not_served: Vec::new(),
+        }
+    }
+}
+
+/// Opens (recovers) every volume of the store, all at once, before `ready`
+/// is printed, so `ready` and the URIs mean "served", journals are
+/// replayed and uploaded promptly, and a volume that cannot be opened is
+/// named with its reason at start rather than at its first client. A
+/// volume still opening after [`OPEN_WAIT_MS`] goes on opening in the
+/// background (its clients wait for it) and is named as such. A volume
+/// that could not be opened is tried again at its next client's connection
+/// (the server holding it may have stopped).
+async fn open_all(engine: &Arc<Engine>, volumes: Vec<VolumeInfo>) -> OpenOutcome {
+    let mut opening = Vec::new();
     for v in volumes {
         // Known as opening from now on: the control socket waits for it
         // rather than say the volume is not served here.
         engine.will_open(&v.name);
         let engine = engine.clone();
-        tokio::spawn(async move {
-            if let Err(e) = engine.open_volume(&v.name).await {
-                tracing::error!(volume = %v.name, error = %e, "cannot open volume; its clients will get this error");
-            }
-        });
+        let name = v.name.clone();
+        let task = tokio::spawn(async move { engine.open_volume(&name).await.map(|_| ()) });
+        opening.push((v.name, task));
     }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(OPEN_WAIT_MS);
+    let mut outcome = OpenOutcome::all(Vec::new());
+    for (name, task) in opening {
+        let why = match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(Ok(()))) => {
+                outcome.served.push(name);
+                continue;
+            }
+            Ok(Ok(Err(e))) => cannot_serve(&name, &e),
+            Ok(Err(e)) => format!("cannot serve volume {name:?}: opening it failed: {e}"),
+            Err(_) => format!(
+                "not serving volume {name:?} yet: still opening after {} s (a long journal to replay?); it is served once open",
+                OPEN_WAIT_MS / 1000
+            ),
+        };
+        tracing::error!(volume = %name, "{why}");
+        outcome.not_served.push(name);
+    }
+    outcome
 }
 
 async fn create_if_missing(engine: &Engine, spec: &str) -> anyhow::Result<()> {
@@ -243,20 +315,27 @@ fn tls_settings(args: &TlsArgs) -> anyhow::Result<Option<Tls>> {
     Ok(Some(tls))
 }
 
-/// Prints the URI of each volume at each address, then `ready`.
-fn print_uris(volumes: &[VolumeInfo], addrs: &[ListenAddr], tls: bool) -> anyhow::Result<()> {
+/// Prints the URI of each volume served at each address, then `ready`.
+/// Volumes not served were named on stderr by [`open_all`].
+fn print_uris(outcome: &OpenOutcome, addrs: &[ListenAddr], tls: bool) -> anyhow::Result<()> {
     let s = if tls { "s" } else { "" };
     for addr in addrs {
-        for v in volumes {
+        for name in &outcome.served {
             match addr {
                 ListenAddr::Unix(path) => {
-                    println!("nbd{s}+unix:///{}?socket={}", v.name, path.display())
+                    println!("nbd{s}+unix:///{name}?socket={}", path.display())
                 }
-                ListenAddr::Tcp(sa) => println!("nbd{s}://{sa}/{}", v.name),
+                ListenAddr::Tcp(sa) => println!("nbd{s}://{sa}/{name}"),
             }
         }
-        if volumes.is_empty() {
-            println!("listening on {addr} (no volumes yet: strata volume create NAME --size SIZE)");
+        match (outcome.served.is_empty(), outcome.not_served.len()) {
+            (false, _) => {}
+            (true, 0) => println!(
+                "listening on {addr} (no volumes yet: strata volume create NAME --size SIZE)"
+            ),
+            (true, n) => println!(
+                "listening on {addr} (none of the {n} volumes could be opened yet: see the errors above)"
+            ),
         }
     }
     println!("ready");

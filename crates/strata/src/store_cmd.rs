@@ -58,6 +58,7 @@ pub async fn require_conditional_writes(
             tracing::warn!(error = %e, "cannot check the store's conditional writes; going on (--unsafe-single-host)");
             return Ok(());
         }
+        Err(e) if e.is_explained() => bail!("{e}"),
         Err(e) => bail!("{e}; {UNREACHABLE}"),
     };
     log_verdict(store, &record, source, is_server);
@@ -105,6 +106,7 @@ pub async fn check(store: &Store, json: bool) -> anyhow::Result<()> {
     }
     let record = match probe_and_record(store).await {
         Ok(r) => r,
+        Err(e) if e.is_explained() => bail!("{e}"),
         Err(e) => bail!("{e}; {UNREACHABLE}"),
     };
     if json {

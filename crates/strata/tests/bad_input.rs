@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::http_stub::{closed_port, HttpStub, StubReply, StubRequest};
 use common::*;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -37,8 +38,21 @@ fn assert_one_line_error(out: &Output, what: &str) -> String {
         1,
         "{what}: the error is not one line:\n{msg}"
     );
+    assert_no_cause_twice(msg, what);
     eprintln!("{what}: {msg}");
     msg.to_string()
+}
+
+/// Each cause of an error chain is printed once: no part of the line
+/// between ": " separators (of some length) appears twice in it.
+fn assert_no_cause_twice(msg: &str, what: &str) {
+    for part in msg.split(": ").map(str::trim).filter(|p| p.len() >= 12) {
+        assert_eq!(
+            msg.matches(part).count(),
+            1,
+            "{what}: {part:?} is printed more than once:\n{msg}"
+        );
+    }
 }
 
 fn ok(out: &Output, what: &str) -> String {
@@ -454,4 +468,305 @@ fn second_server_on_a_served_volume_is_refused() {
         Some(64 * MIB)
     );
     first.stop();
+}
+
+// ---------------------------------------------------------------------------
+// First use: credentials, S3 refusals, unreachable stores, serve, every
+// subcommand's error paths (issue 14). Every request goes to 127.0.0.1.
+// ---------------------------------------------------------------------------
+
+/// `strata --store STORE ARGS` with no credentials from the caller (no
+/// AWS_* keys, HOME an empty directory, so no ~/.aws/credentials), instance
+/// metadata off unless `env` turns it on, then `env`.
+fn s3_cli(home: &Path, store: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut c = strata_command(None, &[]);
+    for k in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+        "STRATA_LOG",
+    ] {
+        c.env_remove(k);
+    }
+    c.env("HOME", home)
+        .envs(env.iter().copied())
+        .arg("--store")
+        .arg(store)
+        .arg("--data-dir")
+        .arg(home.join("data"))
+        .args(args);
+    run_timeout(&mut c, Duration::from_secs(60))
+}
+
+fn targets(requests: &[StubRequest]) -> Vec<String> {
+    requests
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.target))
+        .collect()
+}
+
+/// No credentials anywhere: one line at once naming each place strata
+/// looked, whether the store is AWS's or another endpoint. Instance
+/// metadata is asked only where told (a stub on 127.0.0.1 here), once,
+/// never again after a refusal, and not at all when disabled.
+#[test]
+fn no_s3_credentials_is_one_line_at_once() {
+    let home = tempfile::TempDir::new().unwrap();
+    let imds = HttpStub::start(|_| StubReply::new(403, "Forbidden", ""));
+    let list = ["volume", "list"];
+    let imds_url = imds.url();
+    for store in ["s3://vols/x", "s3://vols/x?endpoint=http://127.0.0.1:9"] {
+        let disabled = [
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+            ("AWS_METADATA_ENDPOINT", imds_url.as_str()),
+        ];
+        let out = s3_cli(home.path(), store, &disabled, &list);
+        let e = assert_one_line_error(&out, &format!("no credentials, {store}"));
+        for says in [
+            "no S3 credentials found",
+            "the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set)",
+            "/.aws/credentials (no such file)",
+            "instance metadata (not asked: AWS_EC2_METADATA_DISABLED=true)",
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        ] {
+            assert!(e.contains(says), "{store}: no {says:?} in: {e}");
+        }
+        assert!(
+            imds.requests().is_empty(),
+            "{:?}",
+            targets(&imds.requests())
+        );
+    }
+
+    // Told where the metadata service is; it refuses: asked once, no retry.
+    let asked = [
+        ("AWS_EC2_METADATA_DISABLED", "false"),
+        ("AWS_METADATA_ENDPOINT", imds_url.as_str()),
+    ];
+    let e = assert_one_line_error(
+        &s3_cli(home.path(), "s3://vols/x", &asked, &list),
+        "no credentials, metadata refuses",
+    );
+    assert!(
+        e.contains(&format!("no token from {}: it answered 403", imds.url())),
+        "{e}"
+    );
+    assert_eq!(
+        targets(&imds.requests()),
+        ["PUT /latest/api/token"],
+        "one request, no retry"
+    );
+
+    // Nothing listens there.
+    let gone = format!("http://127.0.0.1:{}", closed_port());
+    let env = [
+        ("AWS_EC2_METADATA_DISABLED", "false"),
+        ("AWS_METADATA_ENDPOINT", gone.as_str()),
+    ];
+    let e = assert_one_line_error(
+        &s3_cli(home.path(), "s3://vols/x", &env, &list),
+        "no credentials, no metadata service",
+    );
+    assert!(
+        e.contains(&gone) && e.to_lowercase().contains("connection refused"),
+        "{e}"
+    );
+}
+
+/// The instance metadata stub of an instance whose role has MinIO's keys.
+fn instance_with_role(key: String, secret: String) -> HttpStub {
+    HttpStub::start(move |r| {
+        const ROLES: &str = "/latest/meta-data/iam/security-credentials/";
+        match (r.method.as_str(), r.target.as_str()) {
+            ("PUT", "/latest/api/token") => StubReply::new(200, "OK", "stub-token"),
+            (_, _) if r.header("x-aws-ec2-metadata-token") != Some("stub-token") => {
+                StubReply::new(401, "Unauthorized", "")
+            }
+            ("GET", ROLES) => StubReply::new(200, "OK", "strata-test-role"),
+            ("GET", t) if t == format!("{ROLES}strata-test-role") => {
+                let creds = serde_json::json!({
+                    "Code": "Success",
+                    "AccessKeyId": key,
+                    "SecretAccessKey": secret,
+                    "Token": "",
+                    "Expiration": "2099-01-01T00:00:00Z",
+                });
+                StubReply::new(200, "OK", &creds.to_string())
+            }
+            _ => StubReply::new(404, "Not Found", ""),
+        }
+    })
+}
+
+/// With no keys but an instance role, strata uses the role's credentials
+/// from the metadata service it was told of (object_store fetches them
+/// from the same endpoint after strata's check).
+#[test]
+fn the_instance_role_is_used_when_there_are_no_keys() {
+    let s3 = S3Store::on_shared_minio("role");
+    let env: std::collections::HashMap<_, _> = s3.env.iter().cloned().collect();
+    let imds = instance_with_role(
+        env["AWS_ACCESS_KEY_ID"].clone(),
+        env["AWS_SECRET_ACCESS_KEY"].clone(),
+    );
+    let home = tempfile::TempDir::new().unwrap();
+    let store = format!("{}?endpoint={}", s3.url(), s3.endpoint);
+    let imds_url = imds.url();
+    let metadata = [
+        ("AWS_EC2_METADATA_DISABLED", "false"),
+        ("AWS_METADATA_ENDPOINT", imds_url.as_str()),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let out = s3_cli(
+        home.path(),
+        &store,
+        &metadata,
+        &["volume", "create", "v", "--size", "1MiB"],
+    );
+    ok(&out, "volume create with the instance role");
+    let listed = ok(
+        &s3_cli(home.path(), &store, &metadata, &["volume", "list"]),
+        "list",
+    );
+    assert!(listed.contains('v'), "{listed}");
+    let asked = targets(&imds.requests());
+    assert!(
+        asked
+            .iter()
+            .any(|t| t.ends_with("security-credentials/strata-test-role")),
+        "object_store did not fetch the role's credentials from the stub: {asked:?}"
+    );
+}
+
+/// A key S3 does not know, a wrong secret, a missing bucket: one line that
+/// says which, and no retry (STRATA_LOG=warn shows every retry as a line,
+/// so one line means none).
+#[test]
+fn s3_refusals_are_one_line_and_never_retried() {
+    let s3 = S3Store::on_shared_minio("refusals");
+    let env: std::collections::HashMap<_, _> = s3.env.iter().cloned().collect();
+    let home = tempfile::TempDir::new().unwrap();
+    let store = format!("{}?endpoint={}", s3.url(), s3.endpoint);
+    let key = env["AWS_ACCESS_KEY_ID"].as_str();
+    let secret = env["AWS_SECRET_ACCESS_KEY"].as_str();
+    let cases = [
+        (
+            key,
+            "not-the-secret",
+            store.clone(),
+            "does not belong to its access key ID",
+        ),
+        (
+            "NOSUCHKEY",
+            secret,
+            store.clone(),
+            "does not know the access key ID",
+        ),
+        (
+            key,
+            secret,
+            format!("s3://no-such-bucket-14?endpoint={}", s3.endpoint),
+            "bucket \"no-such-bucket-14\" does not exist",
+        ),
+    ];
+    for (key, secret, store, says) in cases {
+        let env = [
+            ("AWS_ACCESS_KEY_ID", key),
+            ("AWS_SECRET_ACCESS_KEY", secret),
+            ("AWS_REGION", "us-east-1"),
+            ("STRATA_LOG", "warn"),
+        ];
+        for args in [
+            &["volume", "list"][..],
+            &["volume", "info", "v"],
+            &["volume", "create", "v", "--size", "1MiB"],
+        ] {
+            let what = format!("{says} ({})", args.join(" "));
+            let e = assert_one_line_error(&s3_cli(home.path(), &store, &env, args), &what);
+            assert!(e.contains(says), "{what}: {e}");
+            assert!(!e.contains("attempts over"), "{what}: retried: {e}");
+        }
+    }
+}
+
+/// An S3 service that denies everything (a stub: MinIO's root user is
+/// allowed everything): the request log shows each command sent one
+/// request. One that answers 503 is retried, up to --store-attempts.
+#[test]
+fn a_denied_request_is_sent_once_and_a_busy_store_is_retried() {
+    const DENIED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>Access Denied.</Message></Error>";
+    let denying = HttpStub::start(|_| StubReply::new(403, "Forbidden", DENIED));
+    let home = tempfile::TempDir::new().unwrap();
+    let keys = [
+        ("AWS_ACCESS_KEY_ID", "strata-e2e"),
+        ("AWS_SECRET_ACCESS_KEY", "strata-e2e"),
+    ];
+    let store = format!("s3://vols/x?endpoint={}", denying.url());
+    for args in [&["volume", "list"][..], &["volume", "info", "v"]] {
+        let before = denying.requests().len();
+        let e = assert_one_line_error(
+            &s3_cli(home.path(), &store, &keys, args),
+            &format!("denied {}", args.join(" ")),
+        );
+        assert!(
+            e.contains("denies the credentials from the environment access to bucket \"vols\"")
+                && e.contains("403 AccessDenied: Access Denied."),
+            "{e}"
+        );
+        let sent = &denying.requests()[before..];
+        assert_eq!(sent.len(), 1, "retried: {:?}", targets(sent));
+    }
+
+    const SLOW_DOWN: &str =
+        "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+    let busy = HttpStub::start(|_| StubReply::new(503, "Service Unavailable", SLOW_DOWN));
+    let store = format!("s3://vols/x?endpoint={}", busy.url());
+    let e = assert_one_line_error(
+        &s3_cli(
+            home.path(),
+            &store,
+            &keys,
+            &["--store-attempts", "3", "volume", "list"],
+        ),
+        "busy store",
+    );
+    assert!(
+        e.contains(&format!(
+            "{} (bucket \"vols\") answered 503 Service Unavailable",
+            busy.url()
+        )) && e.contains("3 attempts over"),
+        "{e}"
+    );
+    assert_eq!(busy.requests().len(), 3, "{:?}", targets(&busy.requests()));
+}
+
+/// Nothing listens at the endpoint: after the retries, one line naming the
+/// endpoint and the bucket.
+#[test]
+fn an_unreachable_endpoint_is_one_line_after_the_retries() {
+    let home = tempfile::TempDir::new().unwrap();
+    let endpoint = format!("http://127.0.0.1:{}", closed_port());
+    let store = format!("s3://vols/x?endpoint={endpoint}");
+    let keys = [
+        ("AWS_ACCESS_KEY_ID", "strata-e2e"),
+        ("AWS_SECRET_ACCESS_KEY", "strata-e2e"),
+    ];
+    for args in [
+        &["--store-attempts", "3", "volume", "list"][..],
+        &["--store-attempts", "3", "volume", "info", "v"],
+    ] {
+        let e = assert_one_line_error(
+            &s3_cli(home.path(), &store, &keys, args),
+            &format!("unreachable, {}", args.join(" ")),
+        );
+        assert!(
+            e.contains(&format!("cannot connect to {endpoint} (bucket \"vols\")")),
+            "{e}"
+        );
+        assert!(e.contains("3 attempts over"), "{e}");
+    }
 }

@@ -66,9 +66,14 @@ pub fn generate_key_file(path: &Path) -> Result<Key, VolumeError> {
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .map_err(|source| VolumeError::Io {
-            what: format!("create key file {shown}"),
-            source,
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::AlreadyExists => VolumeError::Invalid(format!(
+                "key file {shown} already exists: strata never overwrites a file that may hold the only copy of a key; give another file name"
+            )),
+            _ => VolumeError::Io {
+                what: format!("create key file {shown}"),
+                source,
+            },
         })?;
     let written = file
         .write_all(format!("{}\n", key.to_hex()).as_bytes())

@@ -28,6 +28,7 @@
 
 pub mod clients;
 pub mod crash_check;
+pub mod http_stub;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -1072,6 +1073,12 @@ pub fn strata_command(s3: Option<&S3Store>, env: &[(String, String)]) -> Command
         .env_remove("AWS_PROFILE")
         .env_remove("AWS_CA_BUNDLE")
         .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_METADATA_ENDPOINT")
+        .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+        // No test asks 169.254.169.254, on an EC2 machine or not: those
+        // that test instance metadata point AWS_METADATA_ENDPOINT at a
+        // stub on 127.0.0.1 and turn this off.
+        .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("RUST_BACKTRACE", "1");
     match s3 {
         Some(s3) => {
