@@ -292,6 +292,22 @@ impl S3Config {
     }
 }
 
+/// `spec` with the values of credential-like query parameters replaced
+/// by "...", for messages (a refused URL is still shown).
+pub(crate) fn redact_secrets(spec: &str) -> String {
+    let Some((base, query)) = spec.split_once('?') else {
+        return spec.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) if is_secret_key(k) => format!("{k}=..."),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{base}?{}", pairs.join("&"))
+}
+
 fn is_secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     ["key", "secret", "token", "password", "credential"]
@@ -422,6 +438,10 @@ mod tests {
     #[test]
     fn refuses_secrets_in_arguments_and_bad_input() {
         let env = env_of(&KEYS);
+        assert_eq!(
+            redact_secrets("s3://vols?region=r&secret_access_key=hunter2"),
+            "s3://vols?region=r&secret_access_key=..."
+        );
         for (spec, want) in [
             ("s3://vols?secret_access_key=x", "not accepted"),
             ("s3://vols?access_key_id=x", "not accepted"),

@@ -82,7 +82,7 @@ impl Store {
     /// the layers of `layers` (retries, metrics, a request limit, faults).
     pub async fn open(spec: &str, layers: &LayerConfig) -> Result<Store, StoreError> {
         let unusable = |reason: String| StoreError::Unusable {
-            spec: spec.to_string(),
+            spec: crate::s3_config::redact_secrets(spec),
             reason,
         };
         if spec == "memory://" || spec == "memory:" {

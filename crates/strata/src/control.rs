@@ -98,6 +98,12 @@ pub async fn listen(engine: Arc<Engine>) -> anyhow::Result<tokio::task::JoinHand
     // too long for a unix socket, say), `strata volume gc` says so.
     let listener = match UnixListener::bind(&path) {
         Ok(l) => l,
+        Err(e) if data_dir_unusable(&e) => anyhow::bail!(
+            "the data directory {} is not writable (cannot create {}: {}); give --data-dir a writable directory with free space",
+            dir.display(),
+            path.display(),
+            e
+        ),
         Err(e) => {
             tracing::warn!(socket = %path.display(), error = %e, "no control socket: `strata volume gc` and `info` cannot reach this server (the volumes are served all the same)");
             return Ok(tokio::spawn(async {}));
@@ -116,11 +122,21 @@ pub async fn listen(engine: Arc<Engine>) -> anyhow::Result<tokio::task::JoinHand
             let engine = engine.clone();
             tokio::spawn(async move {
                 if let Err(e) = serve_one(&engine, conn).await {
-                    tracing::warn!(error = %e, "control request failed");
+                    tracing::warn!(error = %strata_store::ErrorText(e.as_ref()), "control request failed");
                 }
             });
         }
     }))
+}
+
+/// Errors that say the data directory cannot be written at all (the
+/// journals would fail next), as opposed to a socket path too long.
+fn data_dir_unusable(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        e.kind(),
+        ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied | ErrorKind::StorageFull
+    )
 }
 
 async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {

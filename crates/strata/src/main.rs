@@ -206,6 +206,16 @@ fn refuse_missing_directory(spec: &str, command: &Command) -> anyhow::Result<()>
 /// writes volumes first makes sure the store enforces conditional writes.
 async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> {
     let data_dir = data_dir(cli)?;
+    if store_cmd::writes_volumes(&cli.command) {
+        // Journals, leases' holder id and locks live there: say so now
+        // rather than name a file deep inside it.
+        std::fs::create_dir_all(&data_dir).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot create the data directory {}: {e}; give --data-dir (or STRATA_DATA_DIR) a writable directory",
+                data_dir.display()
+            )
+        })?;
+    }
     let store = open_store(cli, None).await?;
     if store_cmd::writes_volumes(&cli.command) {
         let unsafe_ok = cli.unsafe_single_host;

@@ -770,3 +770,411 @@ fn an_unreachable_endpoint_is_one_line_after_the_retries() {
         assert!(e.contains("3 attempts over"), "{e}");
     }
 }
+
+/// Waits until `p` printed `ready` (`true`) or exited (`false`).
+fn ready_or_exit(p: &mut BgProcess) -> bool {
+    let t0 = std::time::Instant::now();
+    loop {
+        if p.stdout().lines().any(|l| l.trim() == "ready") {
+            return true;
+        }
+        if p.try_status().is_some() {
+            return false;
+        }
+        assert!(
+            t0.elapsed() < READY_TIMEOUT,
+            "{}: neither ready nor exited: {}",
+            p.name,
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `strata serve` on a store where another host serves one volume: its
+/// URI lines and `ready` list only the volume it serves, the other is
+/// named with the reason; `serve --volume` of the held one, a second
+/// server on the same data directory and an encrypted volume without its
+/// key exit non-zero with one line, the volume named once.
+#[test]
+fn serve_lists_only_what_it_serves() {
+    let _serial = serial();
+    require_tools(&["nbdinfo"]);
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut first = Server::start(tmp.path(), Target::strata(), &[("held", 64 * MIB)]);
+    let store = first.store_dir();
+    let admin = tmp.path().join("admin-host");
+    let cli = |args: &[&str]| strata_cli(&store, &admin, args);
+    ok(
+        &cli(&["volume", "create", "free", "--size", "32MiB"]),
+        "create free",
+    );
+
+    let sock = tmp.path().join("second.sock");
+    let serve_args = |data_dir: &Path, extra: &[&str]| {
+        let mut c = strata_command(None, &[]);
+        c.arg("--store")
+            .arg(&store)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .args(extra);
+        c
+    };
+    let mut second = BgProcess::spawn(
+        "second host",
+        &mut serve_args(&tmp.path().join("second-host"), &[]),
+    );
+    assert!(ready_or_exit(&mut second), "{}", second.stderr());
+    let printed = second.stdout();
+    assert_eq!(
+        printed.lines().collect::<Vec<_>>(),
+        [nbd_uri(&sock, "free").as_str(), "ready"],
+        "stdout lists only what is served"
+    );
+    let err = second.stderr();
+    assert!(
+        err.contains("cannot serve: volume \"held\" is being served by"),
+        "the held volume is not named with the reason:\n{err}"
+    );
+    assert_eq!(
+        nbdinfo_json(&nbd_uri(&sock, "free"))["export-size"].as_u64(),
+        Some(32 * MIB)
+    );
+    second.kill();
+
+    // --volume of the held volume: no `ready`, one line.
+    let out = run_timeout(
+        &mut serve_args(&tmp.path().join("third-host"), &["--volume", "held"]),
+        Duration::from_secs(60),
+    );
+    let e = assert_one_line_error(&out, "serve --volume of a volume held elsewhere");
+    assert!(e.contains("is being served by"), "{e}");
+    assert_eq!(e.matches("\"held\"").count(), 1, "{e}");
+    assert!(!stdout_str(&out).contains("ready"), "{}", stdout_str(&out));
+
+    // A second server on the first one's data directory.
+    let out = run_timeout(
+        &mut serve_args(&first.data_dir(), &[]),
+        Duration::from_secs(60),
+    );
+    let e = assert_one_line_error(&out, "serve on a data directory in use");
+    assert!(
+        e.contains("another strata server uses the data directory"),
+        "{e}"
+    );
+    assert!(stdout_str(&out).is_empty(), "{}", stdout_str(&out));
+
+    // Deleting a volume another host serves.
+    let e = assert_one_line_error(&cli(&["volume", "delete", "held"]), "delete a held volume");
+    assert!(e.contains("is being served by"), "{e}");
+    first.stop();
+
+    // An encrypted volume served without its key.
+    let key = "7".repeat(64);
+    let mut c = strata_command(None, &[("STRATA_KEY".into(), key)]);
+    c.arg("--store").arg(&store).arg("--data-dir").arg(&admin);
+    ok(
+        &run_timeout(
+            c.args(["volume", "create", "secret", "--size", "1MiB"]),
+            Duration::from_secs(60),
+        ),
+        "create an encrypted volume",
+    );
+    let out = run_timeout(
+        &mut serve_args(&tmp.path().join("fourth-host"), &["--volume", "secret"]),
+        Duration::from_secs(60),
+    );
+    let e = assert_one_line_error(&out, "serve an encrypted volume without its key");
+    assert_eq!(e.matches("\"secret\"").count(), 1, "{e}");
+    assert!(e.contains("fingerprint"), "{e}");
+}
+
+/// Every subcommand's usual mistakes: one line each, saying what failed
+/// and what to do, the exit non-zero.
+#[test]
+fn every_subcommand_error_is_one_line() {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = tmp.path().join("store");
+    let data = tmp.path().join("data");
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let cli = |args: &[&str]| strata_cli(&store, &data, args);
+    ok(
+        &cli(&["volume", "create", "v", "--size", "64MiB"]),
+        "create v",
+    );
+    let f = file.display().to_string();
+    let below_file = format!("{f}/below");
+    let typo = tmp.path().join("stroe").display().to_string();
+    let long = "x".repeat(300);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        // missing volumes and snapshots
+        (
+            vec!["volume", "info", "nope"],
+            "volume \"nope\" does not exist",
+        ),
+        (vec!["volume", "delete", "nope"], "does not exist"),
+        (
+            vec!["volume", "resize", "nope", "--size", "1GiB"],
+            "does not exist",
+        ),
+        (vec!["volume", "flatten", "nope"], "does not exist"),
+        (vec!["volume", "gc", "nope"], "does not exist"),
+        (vec!["volume", "export", "nope", "-"], "does not exist"),
+        (
+            vec!["volume", "set-compression", "nope", "lz4"],
+            "does not exist",
+        ),
+        (vec!["snapshot", "create", "nope@s"], "does not exist"),
+        (vec!["snapshot", "list", "nope"], "does not exist"),
+        (
+            vec!["snapshot", "delete", "v@nosnap"],
+            "has no snapshot \"nosnap\"",
+        ),
+        (
+            vec!["snapshot", "rollback", "v@nosnap"],
+            "has no snapshot \"nosnap\"",
+        ),
+        (
+            vec!["volume", "diff", "v@a", "v@b"],
+            "has no snapshot \"a\"",
+        ),
+        (vec!["volume", "clone", "v@nosnap", "c"], "has no snapshot"),
+        (vec!["fsck", "nope"], "does not exist"),
+        // bad names, sizes, values
+        (
+            vec!["volume", "create", "bad/name", "--size", "1GiB"],
+            "may only contain",
+        ),
+        (
+            vec!["volume", "create", "", "--size", "1GiB"],
+            "1 to 64 bytes",
+        ),
+        (
+            vec!["volume", "create", &long, "--size", "1GiB"],
+            "1 to 64 bytes",
+        ),
+        (
+            vec!["volume", "create", "z", "--size", "0"],
+            "positive multiple of 512",
+        ),
+        (vec!["volume", "create", "z", "--size=1X"], "invalid size"),
+        (
+            vec!["volume", "resize", "v", "--size", "32MiB"],
+            "--allow-shrink",
+        ),
+        (
+            vec![
+                "volume",
+                "create",
+                "z",
+                "--size",
+                "1GiB",
+                "--compression",
+                "bogus",
+            ],
+            "use none, lz4, zstd",
+        ),
+        (vec!["volume", "clone", "v", "c"], "give VOLUME@SNAPSHOT"),
+        (vec!["snapshot", "create", "v"], "give VOLUME@SNAPSHOT"),
+        (vec!["serve", "--create", "x"], "expected NAME=SIZE"),
+        (
+            vec!["serve", "--listen", "bogus:addr"],
+            "expected unix:PATH or tcp:IP:PORT",
+        ),
+        (
+            vec!["serve", "--volume", "nope"],
+            "volume \"nope\" does not exist",
+        ),
+        // files
+        (
+            vec!["volume", "import", "/nonexistent/file", "w"],
+            "/nonexistent/file",
+        ),
+        (
+            vec!["volume", "import-diff", "/nonexistent/file", "v"],
+            "/nonexistent/file",
+        ),
+        (
+            vec!["volume", "export", "v", "/nonexistent/dir/out"],
+            "/nonexistent/dir/out",
+        ),
+        (
+            vec!["key", "fingerprint"],
+            "use --key-file FILE or STRATA_KEY",
+        ),
+        (vec!["key", "generate", &f], "already exists"),
+        (
+            vec!["volume", "rekey", "v", "--new-key-file", "/nonexistent/key"],
+            "/nonexistent/key",
+        ),
+        // stores: missing, not a directory, bad URLs
+        (
+            vec!["--store", &typo, "volume", "list"],
+            "does not exist: check --store",
+        ),
+        (
+            vec!["--store", &typo, "volume", "info", "v"],
+            "does not exist: check --store",
+        ),
+        (vec!["--store", &f, "volume", "list"], "is not a directory"),
+        (vec!["store", "check", &f], "is not a directory"),
+        (
+            vec!["--store", "s3://Bad_Bucket", "volume", "list"],
+            "bucket name \"Bad_Bucket\" is not valid",
+        ),
+        (vec!["--store", "s3://", "volume", "list"], "is not valid"),
+        (
+            vec!["--store", "s3://vols?colour=x", "volume", "list"],
+            "unknown parameter \"colour\"",
+        ),
+        (
+            vec!["--store", "s3://vols?endpoint=ftp://h", "volume", "list"],
+            "must be http://HOST",
+        ),
+        (
+            vec![
+                "--store",
+                "s3://vols?secret_access_key=hunter2",
+                "volume",
+                "list",
+            ],
+            "not accepted",
+        ),
+        (
+            vec!["--store", "nosuch://x", "volume", "list"],
+            "scheme is not supported",
+        ),
+        // data directory under a regular file
+        (
+            vec!["--data-dir", &below_file, "serve", "--volume", "v"],
+            "give --data-dir",
+        ),
+        (
+            vec!["--data-dir", &below_file, "volume", "gc", "v"],
+            "give --data-dir",
+        ),
+    ];
+    let run = |args: &[&str]| match args.first() {
+        Some(&"--store") => {
+            let mut c = strata_command(None, &[]);
+            c.arg("--data-dir").arg(&data).args(args);
+            run_timeout(&mut c, Duration::from_secs(60))
+        }
+        Some(&"--data-dir") => {
+            let mut c = strata_command(None, &[]);
+            c.arg("--store").arg(&store).args(args);
+            run_timeout(&mut c, Duration::from_secs(60))
+        }
+        _ => cli(args),
+    };
+    for (args, says) in cases {
+        let what = format!("strata {}", args.join(" "));
+        let e = assert_one_line_error(&run(&args), &what);
+        assert!(e.contains(says), "{what}: no {says:?} in: {e}");
+        assert!(!e.contains("hunter2"), "{what}: a secret is echoed: {e}");
+    }
+    assert!(
+        !tmp.path().join("stroe").exists(),
+        "a read command created the mistyped store"
+    );
+}
+
+/// A command inside a new mount namespace where `dir` is a tmpfs mounted
+/// with `options` (and filled up when `fill`): a full or read-only disk
+/// without root's help (`unshare -Urm`).
+fn on_tmpfs(dir: &Path, options: &str, fill: bool, cmd: &Command) -> Output {
+    const SCRIPT: &str = r#"mount -t tmpfs -o "$1" none "$2" || exit 97
+if [ "$3" = fill ]; then dd if=/dev/zero of="$2/fill" bs=64k 2>/dev/null; fi
+shift 3; exec "$@""#;
+    let mut c = Command::new("unshare");
+    c.args(["-Urm", "sh", "-c", SCRIPT, "sh", options])
+        .arg(dir)
+        .arg(if fill { "fill" } else { "-" })
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let out = run_timeout(&mut c, Duration::from_secs(60));
+    assert_ne!(
+        out.status.code(),
+        Some(97),
+        "cannot mount a tmpfs in a user namespace here (`unshare -Urm` + mount); this test needs it: {}",
+        stderr_str(&out)
+    );
+    out
+}
+
+/// A full disk and a read-only one, under the store and under the data
+/// directory: one line naming the directory, and what to do.
+#[test]
+fn full_and_read_only_disks_are_one_line() {
+    require_tools(&["unshare"]);
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = tmp.path().join("store");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let data = tmp.path().join("data");
+    ok(
+        &strata_cli(&store, &data, &["volume", "create", "v", "--size", "64MiB"]),
+        "create v",
+    );
+    let command = |store: &Path, data: &Path, args: &[&str]| {
+        let mut c = strata_command(None, &[]);
+        c.arg("--store")
+            .arg(store)
+            .arg("--data-dir")
+            .arg(data)
+            .args(args);
+        c
+    };
+    let create = ["volume", "create", "w", "--size", "64MiB"];
+    let serve = [
+        "serve",
+        "--volume",
+        "v",
+        "--listen",
+        "unix:/nonexistent/never.sock",
+    ];
+    let m = mnt.display().to_string();
+    for (what, options, fill, cmd, says) in [
+        (
+            "store on a full disk",
+            "size=1m",
+            true,
+            command(&mnt, &data, &create),
+            format!("the disk holding the store {m} is full"),
+        ),
+        (
+            "store on a read-only disk",
+            "ro",
+            false,
+            command(&mnt, &data, &create),
+            format!("cannot write the store {m}"),
+        ),
+        (
+            "data directory on a full disk",
+            "size=1m",
+            true,
+            command(&store, &mnt, &serve),
+            "the disk is full: free space on it".to_string(),
+        ),
+        (
+            "data directory on a read-only disk",
+            "ro",
+            false,
+            command(&store, &mnt, &serve),
+            format!("the data directory {m} is not writable"),
+        ),
+    ] {
+        let e = assert_one_line_error(&on_tmpfs(&mnt, options, fill, &cmd), what);
+        assert!(e.contains(&says), "{what}: no {says:?} in: {e}");
+    }
+}
