@@ -227,7 +227,7 @@ pub async fn probe_conditional_writes(store: &Store) -> Result<ProbeReport, Prob
         match store.delete(object).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => {
-                tracing::warn!(object = %object, error = %e, "cannot delete a store probe object; it is harmless, delete it by hand")
+                tracing::warn!(object = %object, error = %crate::ErrorText(&e), "cannot delete a store probe object; it is harmless, delete it by hand")
             }
         }
     }

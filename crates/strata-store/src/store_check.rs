@@ -91,7 +91,7 @@ pub async fn probe_and_record(store: &Store) -> Result<StoreCheckRecord, ProbeEr
             )
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string()),
+            .map_err(|e| crate::error_text(&e)),
         Err(e) => Err(e.to_string()),
     };
     if let Err(e) = written {
@@ -133,7 +133,7 @@ fn usable_record(store: &str, bytes: &[u8]) -> Option<StoreCheckRecord> {
     let record: StoreCheckRecord = match serde_json::from_slice(bytes) {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(object = STORE_CHECK_OBJECT, error = %e, "ignoring an unreadable store check record; probing again");
+            tracing::warn!(object = STORE_CHECK_OBJECT, error = %crate::ErrorText(&e), "ignoring an unreadable store check record; probing again");
             return None;
         }
     };

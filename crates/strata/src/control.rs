@@ -105,7 +105,7 @@ pub async fn listen(engine: Arc<Engine>) -> anyhow::Result<tokio::task::JoinHand
             e
         ),
         Err(e) => {
-            tracing::warn!(socket = %path.display(), error = %e, "no control socket: `strata volume gc` and `info` cannot reach this server (the volumes are served all the same)");
+            tracing::warn!(socket = %path.display(), error = %strata_store::ErrorText(&e), "no control socket: `strata volume gc` and `info` cannot reach this server (the volumes are served all the same)");
             return Ok(tokio::spawn(async {}));
         }
     };
@@ -270,7 +270,7 @@ pub async fn ask(data_dir: &Path, req: &Request) -> anyhow::Result<Option<Reply>
         // No server there (or none this user may ask): the caller goes on
         // with what the store says.
         Err(e) => {
-            tracing::debug!(socket = %path.display(), error = %e, "no control socket");
+            tracing::debug!(socket = %path.display(), error = %strata_store::ErrorText(&e), "no control socket");
             return Ok(None);
         }
     };

@@ -77,7 +77,7 @@ impl NbdVolume {
                 .is_ok();
         if due {
             let suppressed = self.errors.suppressed.swap(0, Ordering::Relaxed);
-            tracing::error!(volume = %self.backing.name(), op, offset_bytes, length_bytes, suppressed, error = %e, "request failed; the client gets an I/O error");
+            tracing::error!(volume = %self.backing.name(), op, offset_bytes, length_bytes, suppressed, error = %strata_store::ErrorText(&e), "request failed; the client gets an I/O error");
         } else {
             self.errors.suppressed.fetch_add(1, Ordering::Relaxed);
         }

@@ -55,7 +55,7 @@ pub async fn require_conditional_writes(
     let (record, source) = match remembered_or_probed(store).await {
         Ok(found) => found,
         Err(e) if unsafe_single_host => {
-            tracing::warn!(error = %e, "cannot check the store's conditional writes; going on (--unsafe-single-host)");
+            tracing::warn!(error = %strata_store::ErrorText(&e), "cannot check the store's conditional writes; going on (--unsafe-single-host)");
             return Ok(());
         }
         Err(e) if e.is_explained() => bail!("{e}"),

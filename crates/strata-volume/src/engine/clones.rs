@@ -130,7 +130,7 @@ async fn drop_marker(store: &strata_store::Store, path: &object_store::path::Pat
     match store.delete(path).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
         Err(e) => {
-            tracing::warn!(marker = %path, error = %e, "cannot delete a clone marker; a later snapshot deletion removes it")
+            tracing::warn!(marker = %path, error = %strata_store::ErrorText(&e), "cannot delete a clone marker; a later snapshot deletion removes it")
         }
     }
 }

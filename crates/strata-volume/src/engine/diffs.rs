@@ -146,7 +146,7 @@ impl Engine {
             match read_snapshot_delta(&self.store, names, uuid, next, delta, key).await {
                 Ok(newer) => pieces = overlay(&pieces, &newer),
                 Err(e) => {
-                    tracing::warn!(volume = %m.name, snapshot = %next.name, error = %e, "snapshot delta unreadable; comparing whole snapshots instead");
+                    tracing::warn!(volume = %m.name, snapshot = %next.name, error = %strata_store::ErrorText(&e), "snapshot delta unreadable; comparing whole snapshots instead");
                     return None;
                 }
             }

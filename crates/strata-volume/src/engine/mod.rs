@@ -455,7 +455,7 @@ impl Engine {
             match pstore.delete(&marker).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => {
-                    tracing::warn!(marker = %marker, error = %e, "cannot delete this clone's marker under its parent; deleting the parent's snapshot removes it")
+                    tracing::warn!(marker = %marker, error = %strata_store::ErrorText(&e), "cannot delete this clone's marker under its parent; deleting the parent's snapshot removes it")
                 }
             }
         }
@@ -513,7 +513,7 @@ impl Engine {
             .put_if(&path, payload, Some(&marked_version))
             .await;
         if let Err(e) = restored {
-            tracing::warn!(volume = %m.name, error = %e, "cannot clear the deletion marks of the volume's snapshots");
+            tracing::warn!(volume = %m.name, error = %strata_store::ErrorText(&e), "cannot clear the deletion marks of the volume's snapshots");
         }
         Err(VolumeError::Busy(format!(
             "volume {:?} has clones: {}; delete them (or `strata volume flatten` them) first",

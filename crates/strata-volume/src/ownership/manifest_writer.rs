@@ -70,7 +70,7 @@ impl ManifestWriter {
                     let previous = std::mem::replace(manifest, next);
                     *version = v;
                     if let Err(e) = store.make_durable(&path).await {
-                        tracing::warn!(volume = %self.volume, error = %e, "manifest sync failed");
+                        tracing::warn!(volume = %self.volume, error = %strata_store::ErrorText(&e), "manifest sync failed");
                     }
                     return Ok(Some(previous));
                 }
@@ -83,7 +83,7 @@ impl ManifestWriter {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(volume = %self.volume, object = %path, error = %e, retry_in_ms = backoff.delay_ms(), "manifest write failed; retrying");
+                    tracing::warn!(volume = %self.volume, object = %path, error = %strata_store::ErrorText(&e), retry_in_ms = backoff.delay_ms(), "manifest write failed; retrying");
                     backoff.wait().await;
                 }
             }
@@ -115,7 +115,7 @@ impl ManifestWriter {
                 m.epoch, manifest.epoch
             ))),
             Err(e) => {
-                tracing::warn!(volume = %self.volume, error = %e, "cannot re-read the manifest; retrying");
+                tracing::warn!(volume = %self.volume, error = %strata_store::ErrorText(&e), "cannot re-read the manifest; retrying");
                 Ok(None)
             }
         }

@@ -593,7 +593,7 @@ impl BlockCache {
                 self.used_slots.fetch_sub(1, Ordering::Relaxed);
                 self.io_errors.fetch_add(1, Ordering::Relaxed);
                 if !self.failed.swap(true, Ordering::Relaxed) {
-                    tracing::error!(path = %self.path.display(), error = %e, "disk cache write failed; the disk cache is off until the server restarts, reads go to the store (free space on that disk or give --disk-cache-size a smaller size)");
+                    tracing::error!(path = %self.path.display(), error = %strata_store::ErrorText(&e), "disk cache write failed; the disk cache is off until the server restarts, reads go to the store (free space on that disk or give --disk-cache-size a smaller size)");
                 }
                 false
             }

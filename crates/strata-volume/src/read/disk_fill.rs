@@ -126,7 +126,7 @@ impl VolumeReader {
     ) -> bool {
         let in_block = first * CHUNK_BYTES - key.first_chunk() * CHUNK_BYTES;
         if let Err(e) = disk.read_at(hit, in_block, buf) {
-            tracing::debug!(error = %e, "disk cache read failed");
+            tracing::debug!(error = %strata_store::ErrorText(&e), "disk cache read failed");
             disk.count_io_error();
             return false;
         }
@@ -178,7 +178,7 @@ impl VolumeReader {
             let bytes = match result {
                 Ok(b) => b,
                 Err(e) => {
-                    tracing::debug!(error = %e, "disk cache read failed");
+                    tracing::debug!(error = %strata_store::ErrorText(&e), "disk cache read failed");
                     caches.disk.count_io_error();
                     caches.disk.count_misses(r.positions.len() as u64);
                     continue;

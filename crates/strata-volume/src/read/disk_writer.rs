@@ -104,7 +104,7 @@ impl DiskWriter {
             match spawned {
                 Ok(_) => Some(tx),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the disk cache writer; the disk cache stays empty");
+                    tracing::warn!(error = %strata_store::ErrorText(&e), "cannot start the disk cache writer; the disk cache stays empty");
                     None
                 }
             }

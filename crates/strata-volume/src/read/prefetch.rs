@@ -108,7 +108,7 @@ async fn prefetch(caches: &SharedCaches, reader: &VolumeReader, plan: Vec<Segmen
         let idx = match reader.segment_index(caches, seq).await {
             Ok(idx) => idx,
             Err(e) => {
-                tracing::debug!(volume = %reader.name, seq, error = %e, "read-ahead stopped");
+                tracing::debug!(volume = %reader.name, seq, error = %strata_store::ErrorText(&e), "read-ahead stopped");
                 return;
             }
         };
@@ -118,7 +118,7 @@ async fn prefetch(caches: &SharedCaches, reader: &VolumeReader, plan: Vec<Segmen
             .collect()
             .await;
         if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
-            tracing::debug!(volume = %reader.name, seq, error = %e, "read-ahead fetch failed");
+            tracing::debug!(volume = %reader.name, seq, error = %strata_store::ErrorText(&e), "read-ahead fetch failed");
         }
     }
 }

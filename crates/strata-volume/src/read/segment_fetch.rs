@@ -134,7 +134,7 @@ impl VolumeReader {
                 .await
                 .inspect_err(|e| {
                     if matches!(e, VolumeError::Corrupt { .. }) {
-                        tracing::error!(volume = %self.name, object = %self.names.segment(seq), error = %e, "corrupt segment");
+                        tracing::error!(volume = %self.name, object = %self.names.segment(seq), error = %strata_store::ErrorText(e), "corrupt segment");
                     }
                 })?;
         let idx = Arc::new(idx);

@@ -19,7 +19,7 @@ pub(crate) fn choose_journal(
     let existing = match journal_file::read_superblock(path) {
         Ok(sb) => sb,
         Err(e) => {
-            tracing::warn!(journal = %path.display(), error = %e, "unreadable journal; starting a new one");
+            tracing::warn!(journal = %path.display(), error = %strata_store::ErrorText(&e), "unreadable journal; starting a new one");
             None
         }
     };

@@ -190,7 +190,7 @@ impl Volume {
         match pstore.delete(&marker).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => {
-                tracing::warn!(volume = %self.name, marker = %marker, error = %e, "flattened, but the marker under the parent stays; deleting the parent's snapshot removes it")
+                tracing::warn!(volume = %self.name, marker = %marker, error = %strata_store::ErrorText(&e), "flattened, but the marker under the parent stays; deleting the parent's snapshot removes it")
             }
         }
         tracing::info!(volume = %self.name, parent = %parent.volume, snapshot = %parent.snapshot, "flattened: no longer a clone");

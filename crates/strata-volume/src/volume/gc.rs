@@ -254,7 +254,7 @@ impl Volume {
                 Err(CompactError::Busy) => return Ok(()),
                 Err(CompactError::Failed(e)) => {
                     GcCounters::add(&self.gc.errors, 1);
-                    tracing::warn!(volume = %self.name, seq = v.seq, error = %e, "garbage collection could not rewrite a segment; it stays as it is");
+                    tracing::warn!(volume = %self.name, seq = v.seq, error = %strata_store::ErrorText(&e), "garbage collection could not rewrite a segment; it stays as it is");
                 }
             }
         }
@@ -336,7 +336,7 @@ impl Volume {
                     self.state.lock().data_sizes.insert(seq, fixed.data_bytes);
                 }
                 Err(e) => {
-                    tracing::debug!(volume = %self.name, seq, error = %e, "segment size not learned");
+                    tracing::debug!(volume = %self.name, seq, error = %strata_store::ErrorText(&e), "segment size not learned");
                     return;
                 }
             }
@@ -557,7 +557,7 @@ impl Volume {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
             Err(e) => {
                 GcCounters::add(&self.gc.errors, 1);
-                tracing::warn!(volume = %self.name, object = %path, error = %e, "cannot delete an unreferenced object; retrying at the next pass");
+                tracing::warn!(volume = %self.name, object = %path, error = %strata_store::ErrorText(&e), "cannot delete an unreferenced object; retrying at the next pass");
                 false
             }
         }
@@ -678,7 +678,7 @@ impl Volume {
                 }
                 Err(e) => {
                     GcCounters::add(&self.gc.errors, 1);
-                    tracing::warn!(volume = %self.name, object = %o.location, error = %e, "cannot delete an orphan");
+                    tracing::warn!(volume = %self.name, object = %o.location, error = %strata_store::ErrorText(&e), "cannot delete an orphan");
                 }
             }
         }

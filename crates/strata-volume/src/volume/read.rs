@@ -33,7 +33,7 @@ impl Volume {
             let mut seqs = Vec::new();
             match self.read_once(offset, buf, &mut seqs).await {
                 Err(e) if attempt < MAX_READ_ATTEMPTS && self.any_deleted(&seqs) => {
-                    tracing::info!(volume = %self.name, offset, error = %e, "segment deleted while being read (data moved by GC); reading again");
+                    tracing::info!(volume = %self.name, offset, error = %strata_store::ErrorText(&e), "segment deleted while being read (data moved by GC); reading again");
                     attempt += 1;
                 }
                 result => return result,

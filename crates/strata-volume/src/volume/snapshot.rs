@@ -259,7 +259,7 @@ impl Volume {
             match self.store.delete(&m.path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => {
-                    tracing::warn!(volume = %self.name, marker = %m.path, error = %e, "cannot delete the marker of a clone that does not exist")
+                    tracing::warn!(volume = %self.name, marker = %m.path, error = %strata_store::ErrorText(&e), "cannot delete the marker of a clone that does not exist")
                 }
             }
         }

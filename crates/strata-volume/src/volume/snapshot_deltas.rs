@@ -78,7 +78,7 @@ impl Volume {
         match read.await {
             Ok(pieces) => Some(pieces),
             Err(e) => {
-                tracing::warn!(volume = %self.name, snapshot = %record.name, error = %e, "snapshot delta unreadable; diffs across it compare whole snapshots");
+                tracing::warn!(volume = %self.name, snapshot = %record.name, error = %strata_store::ErrorText(&e), "snapshot delta unreadable; diffs across it compare whole snapshots");
                 None
             }
         }
@@ -184,7 +184,7 @@ impl ChainRepair {
             match vol.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => {
-                    tracing::warn!(volume = %vol.name, object = %path, error = %e, "cannot delete a snapshot delta nothing names; the orphan sweep will")
+                    tracing::warn!(volume = %vol.name, object = %path, error = %strata_store::ErrorText(&e), "cannot delete a snapshot delta nothing names; the orphan sweep will")
                 }
             }
         }

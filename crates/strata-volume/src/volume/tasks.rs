@@ -35,7 +35,7 @@ impl Volume {
                     }
                     Err(RenewError::Store(e)) => {
                         let valid = vol.ownership.is_valid();
-                        tracing::warn!(volume = %vol.name, error = %e, writes_allowed = valid, "cannot renew the lease; retrying (writes wait once it may have expired)");
+                        tracing::warn!(volume = %vol.name, error = %strata_store::ErrorText(&e), writes_allowed = valid, "cannot renew the lease; retrying (writes wait once it may have expired)");
                         (ttl_ms / 10).clamp(100, 1000)
                     }
                 };

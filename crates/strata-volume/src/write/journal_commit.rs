@@ -78,7 +78,7 @@ struct Batch {
 }
 
 pub(crate) fn fail(shared: &Shared, e: &io::Error) {
-    tracing::error!(journal = %shared.path.display(), error = %e, "journal write failed; the volume stops accepting writes");
+    tracing::error!(journal = %shared.path.display(), error = %strata_store::ErrorText(e), "journal write failed; the volume stops accepting writes");
     *shared.failure.lock() = Some(e.to_string());
     shared.failed.store(true, Ordering::Release);
     shared.progress.notify_waiters();

@@ -84,7 +84,7 @@ pub(crate) async fn put_with_retry(
                 e @ (object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }),
             ) => return Err(PutError::Conflict(e)),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(strata_store::error_text(&e)),
         };
         match result {
             Ok(()) => return Ok(()),

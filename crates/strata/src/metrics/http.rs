@@ -35,7 +35,7 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                tracing::warn!(error = %strata_store::ErrorText(&e), "metrics endpoint: accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -56,7 +56,7 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
                 .header_read_timeout(CONNECTION_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
-                tracing::debug!(error = %e, "metrics endpoint: connection failed");
+                tracing::debug!(error = %strata_store::ErrorText(&e), "metrics endpoint: connection failed");
             }
             drop(slot);
         });
@@ -76,7 +76,7 @@ fn answer(request: &Request<Incoming>, registry: &Registry) -> Response<Full<Byt
     }
     let mut text = String::with_capacity(64 * 1024);
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, registry) {
-        tracing::warn!(error = %e, "metrics endpoint: cannot encode the metrics");
+        tracing::warn!(error = %strata_store::ErrorText(&e), "metrics endpoint: cannot encode the metrics");
         return plain(
             StatusCode::INTERNAL_SERVER_ERROR,
             "cannot encode the metrics\n",
