@@ -98,9 +98,10 @@ pub fn explain(place: &StorePlace, error: Error, location: &str) -> Error {
     };
     tracing::debug!(error = %error, explained = %failure, "store error");
     let path = path_of(&error).unwrap_or(location).to_string();
-    let store = match &error {
-        Error::Generic { store, .. } => store,
-        _ => "store",
+    let store = match (&error, place) {
+        (Error::Generic { store, .. }, _) => store,
+        (_, StorePlace::S3 { .. }) => "S3",
+        (_, StorePlace::Local { .. }) => "LocalFileSystem",
     };
     let source = Box::new(failure);
     match source.kind {
