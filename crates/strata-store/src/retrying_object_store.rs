@@ -17,8 +17,12 @@
 //! store sleeps a uniform random time in `[0, min(max_delay, base * 2^(k-1))]`
 //! so clients that failed together do not retry together. It stops after
 //! `max_attempts` attempts, or when the next sleep would end past
-//! `deadline_ms` from the first attempt, and returns the last error as it
-//! came (so `NotFound`, `AlreadyExists`, ... stay matchable by the caller).
+//! `deadline_ms` from the first attempt, and returns the last error: as it
+//! came when it is permanent (so `NotFound`, `AlreadyExists`, ... stay
+//! matchable by the caller), and for a transient `Generic` one wrapped in
+//! [`RetriesExhausted`], which says how many attempts over how long (still
+//! `Generic`, from the same store). Retry messages go to the
+//! [`RETRY_LOG_TARGET`] target.
 //!
 //! # Retried writes are at-least-once
 //!

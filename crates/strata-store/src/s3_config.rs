@@ -225,7 +225,10 @@ impl S3Config {
                 tracing::info!(store = %self.describe(), "the S3 endpoint speaks HTTP/2; using it");
                 return Ok((self.build(counts, true)?, true));
             }
-            let why = outcome.err().map(|e| e.to_string()).unwrap_or_default();
+            let why = outcome
+                .err()
+                .map(|e| crate::error_text(&e))
+                .unwrap_or_default();
             tracing::info!(store = %self.describe(), reason = %why, "the S3 endpoint did not answer HTTP/2; using HTTP/1.1");
         }
         Ok((self.build(counts, false)?, false))

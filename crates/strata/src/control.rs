@@ -227,7 +227,7 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
     match result {
         Ok(v) => Reply::Ok(v),
         Err(e) => Reply::Error {
-            error: format!("{e:#}"),
+            error: strata_store::error_text(e.as_ref()),
             not_served: false,
         },
     }

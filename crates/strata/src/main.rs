@@ -206,6 +206,9 @@ fn refuse_missing_directory(spec: &str, command: &Command) -> anyhow::Result<()>
 /// writes volumes first makes sure the store enforces conditional writes.
 async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> {
     let data_dir = data_dir(cli)?;
+    // A key file with loose permissions or a malformed STRATA_KEY is the
+    // user's to fix first, whatever the store.
+    let key = user_key(cli)?.map(std::sync::Arc::new);
     if store_cmd::writes_volumes(&cli.command) {
         // Journals, leases' holder id and locks live there: say so now
         // rather than name a file deep inside it.
@@ -222,7 +225,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         store_cmd::require_conditional_writes(&store, unsafe_ok, serve.is_some()).await?;
     }
     let mut config = VolumeConfig::new(data_dir);
-    config.key = user_key(cli)?.map(std::sync::Arc::new);
+    config.key = key;
     if let Some(args) = serve {
         config.compression = args
             .compression

@@ -51,16 +51,14 @@ async fn serve_volumes(
     };
     let tls = tls_settings(&args.tls)?;
     let only = open_named(engine, &args.volumes).await?;
-    let served = match &only {
-        Some(_) => OpenOutcome::all(args.volumes.clone()),
-        None => open_all(engine, engine.list_volumes().await?).await,
-    };
     let exports = Arc::new(VolumeExports {
         engine: engine.clone(),
         max_request_bytes: config.max_request_bytes,
-        only,
+        only: only.clone(),
     });
     let stop = shutdown_signal();
+    // Bound before the volumes open: clients restarting with the server
+    // wait in the listen backlog, not on a refused connection.
     let mut server = Server::bind_and_adopt(exports, &addrs, inherited, config)
         .await
         .context("cannot listen")?;
@@ -68,6 +66,10 @@ async fn serve_volumes(
     if let Some(tls) = tls {
         server = server.with_tls(tls);
     }
+    let served = match &only {
+        Some(_) => OpenOutcome::all(args.volumes.clone()),
+        None => open_all(engine, engine.list_volumes().await?).await,
+    };
     let metrics_task = match &args.metrics_listen {
         Some(addr) => {
             let (bound, task) =
