@@ -34,8 +34,9 @@ pub async fn serve(
     result
 }
 
-/// Opens the volumes, then listens, prints what is served and `ready`,
-/// and serves until a signal.
+/// Opens the `--volume`s (an error stops here), listens, opens every
+/// volume when none was named, prints what is served and `ready`, and
+/// serves until a signal.
 async fn serve_volumes(
     engine: &Arc<Engine>,
     args: &ServeArgs,

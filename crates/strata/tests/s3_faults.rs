@@ -18,7 +18,7 @@ const FAULTS: &str = "error_rate=0.05,latency_ms=5,jitter_ms=5,seed=4242";
 fn retried_faults(log: &str) -> usize {
     log.lines()
         .filter(|l| {
-            l.contains("object store request failed; retrying") && l.contains("fault-injection")
+            l.contains("object store request failed; retrying") && l.contains("injected fault")
         })
         .count()
 }
@@ -26,7 +26,7 @@ fn retried_faults(log: &str) -> usize {
 /// Store errors a retry gave up on, which would reach the volume.
 fn gave_up(log: &str) -> Vec<&str> {
     log.lines()
-        .filter(|l| l.contains("ERROR") && l.contains("fault-injection"))
+        .filter(|l| l.contains("ERROR") && l.contains("injected fault"))
         .collect()
 }
 
