@@ -53,17 +53,39 @@ pub fn holder_id(data_dir: &Path) -> Result<String, VolumeError> {
         what: format!("data directory id {}", id_path.display()),
         source,
     };
-    let id = match std::fs::read_to_string(&id_path) {
-        Ok(s) if s.trim().len() == 32 => s.trim().to_string(),
-        Ok(_) | Err(_) => {
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let tmp = data_dir.join("instance-id.tmp");
-            std::fs::write(&tmp, &id).map_err(io)?;
-            std::fs::rename(&tmp, &id_path).map_err(io)?;
-            id
-        }
+    let id = match read_id(&id_path) {
+        Some(id) => id,
+        None => create_id(data_dir, &id_path).map_err(io)?,
     };
     Ok(format!("{host}:{} ({})", dir.display(), &id[..12]))
+}
+
+fn read_id(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let id = text.trim();
+    (id.len() == 32).then(|| id.to_string())
+}
+
+/// Makes the data directory's id, once: a server opens its volumes
+/// concurrently, and on a fresh data directory each open comes here. The
+/// first to link its own temporary file in place wins; the others read
+/// the winner's id (two ids would make a restarted server see its own
+/// leases as another host's). A damaged id file is replaced.
+fn create_id(data_dir: &Path, id_path: &Path) -> std::io::Result<String> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let tmp = data_dir.join(format!("instance-id.{id}.tmp"));
+    std::fs::write(&tmp, &id)?;
+    let linked = std::fs::hard_link(&tmp, id_path);
+    let outcome = match linked {
+        Ok(()) => Ok(id),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match read_id(id_path) {
+            Some(winner) => Ok(winner),
+            None => std::fs::rename(&tmp, id_path).map(|()| id),
+        },
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_file(&tmp);
+    outcome
 }
 
 #[cfg(test)]
@@ -79,5 +101,26 @@ mod tests {
         assert!(matches!(err, VolumeError::Busy(_)), "{err}");
         drop(a);
         lock_locally(&p, "v").unwrap();
+    }
+
+    #[test]
+    fn concurrent_first_opens_agree_on_one_holder_id() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let ids: Vec<String> = std::thread::scope(|s| {
+                let opens: Vec<_> = (0..8)
+                    .map(|_| s.spawn(|| holder_id(dir.path()).unwrap()))
+                    .collect();
+                opens.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+            assert_eq!(holder_id(dir.path()).unwrap(), ids[0]);
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+            assert_eq!(left.len(), 1, "temporary files left: {left:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("instance-id"), "damaged").unwrap();
+        let id = holder_id(dir.path()).unwrap();
+        assert_eq!(holder_id(dir.path()).unwrap(), id);
     }
 }
