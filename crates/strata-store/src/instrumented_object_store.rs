@@ -14,6 +14,11 @@
 //!   not counted).
 //! * `delete_stream` counts each path as a `delete` request, without a
 //!   latency sample (the inner store may batch them).
+//! * a conditional write the store refused (`Precondition`,
+//!   `AlreadyExists`, `NotModified`) is an answer, not an error: leases,
+//!   manifests and the store probe ask such questions on purpose, and an
+//!   error counter that moves with every lease race would page someone
+//!   for nothing.
 //! * multipart parts count as `put`; creating, completing and aborting an
 //!   upload count as `other`; `rename*` counts as `copy`.
 
@@ -132,8 +137,20 @@ async fn measure<R>(
     let result = request.await;
     metrics
         .op(op)
-        .record(Some(started.elapsed()), result.is_ok());
+        .record(Some(started.elapsed()), answered(&result));
     result
+}
+
+/// Whether the store answered the request (see the module doc: a refused
+/// condition is an answer).
+fn answered<R>(result: &Result<R>) -> bool {
+    matches!(
+        result,
+        Ok(_)
+            | Err(object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. }
+                | object_store::Error::NotModified { .. })
+    )
 }
 
 impl<T: ObjectStore> fmt::Display for InstrumentedObjectStore<T> {
@@ -341,6 +358,15 @@ mod tests {
             .unwrap();
         store.head(&Path::from("a")).await.unwrap();
         store.head(&Path::from("nope")).await.unwrap_err();
+        // A refused create-only write: counted, not an error.
+        store
+            .put_opts(
+                &Path::from("a"),
+                PutPayload::from_static(b"x"),
+                object_store::PutMode::Create.into(),
+            )
+            .await
+            .unwrap_err();
         store
             .copy(&Path::from("a"), &Path::from("d"))
             .await
@@ -356,7 +382,7 @@ mod tests {
 
         let s = store.metrics().snapshot();
         let counts = |m: &OpMetricsSnapshot| (m.requests, m.errors, m.bytes_read, m.bytes_written);
-        assert_eq!(counts(&s.put), (3, 0, 0, 600));
+        assert_eq!(counts(&s.put), (4, 0, 0, 600));
         assert_eq!(counts(&s.get), (2, 1, 300, 0));
         assert_eq!(counts(&s.get_range), (2, 0, 50 + 70, 0));
         assert_eq!(counts(&s.head), (2, 1, 0, 0));
@@ -364,7 +390,7 @@ mod tests {
         assert_eq!(counts(&s.delete), (1, 0, 0, 0));
         assert_eq!(counts(&s.list), (2, 0, 0, 0));
         assert_eq!(counts(&s.other), (0, 0, 0, 0));
-        assert_eq!(s.total_requests(), 14);
+        assert_eq!(s.total_requests(), 15);
         assert_eq!(s.total_errors(), 2);
         for (op, m) in s.ops() {
             assert!(m.latency_p50_us <= m.latency_p99_us, "{op:?}");
