@@ -65,7 +65,19 @@ impl FromStr for ListenAddr {
                 error("expected tcp:IP:PORT, e.g. tcp:127.0.0.1:10809 or tcp:[::1]:10809")
             });
         }
-        Err(error("expected unix:PATH or tcp:IP:PORT"))
+        // A bare IP:PORT is what other NBD servers take; it can only
+        // mean TCP.
+        if let Ok(address) = input.parse() {
+            return Ok(ListenAddr::Tcp(address));
+        }
+        if input.starts_with('/') {
+            return Err(error(
+                "a unix socket path needs the unix: prefix, e.g. unix:/run/strata/nbd.sock",
+            ));
+        }
+        Err(error(
+            "expected unix:PATH or [tcp:]IP:PORT, e.g. unix:/run/strata/nbd.sock or 127.0.0.1:10809",
+        ))
     }
 }
 
@@ -116,8 +128,41 @@ pub(crate) async fn bind(addr: &ListenAddr) -> io::Result<(Listener, Option<Sock
             .map(|listener| (Listener::Tcp(listener), None)),
         ListenAddr::Unix(path) => bind_unix(path, addr.to_string()).await,
     };
-    result
-        .map_err(|error| io::Error::new(error.kind(), format!("cannot listen on {addr}: {error}")))
+    result.map_err(|error| {
+        let hint = bind_hint(addr, error.kind());
+        io::Error::new(
+            error.kind(),
+            format!("cannot listen on {addr}: {error}{hint}"),
+        )
+    })
+}
+
+/// What to do about a failed bind, for the one-line error.
+fn bind_hint(addr: &ListenAddr, kind: io::ErrorKind) -> String {
+    let parent = match addr {
+        ListenAddr::Unix(path) => path.parent().map(|p| p.display().to_string()),
+        ListenAddr::Tcp(_) => None,
+    };
+    match (kind, parent) {
+        (io::ErrorKind::AddrInUse, _) => {
+            "; another process listens there: stop it or give --listen another address".into()
+        }
+        (io::ErrorKind::NotFound, Some(dir)) => {
+            format!("; the directory {dir} does not exist: create it or give --listen another path")
+        }
+        (io::ErrorKind::PermissionDenied, Some(dir)) => {
+            format!(
+                "; this user may not create a socket in {dir}: give --listen a writable directory"
+            )
+        }
+        (io::ErrorKind::PermissionDenied, None) => {
+            "; ports below 1024 need privileges: give --listen a port above 1023".into()
+        }
+        (io::ErrorKind::AddrNotAvailable, None) => {
+            "; that IP address is not one of this machine's".into()
+        }
+        _ => String::new(),
+    }
 }
 
 async fn bind_unix(path: &Path, label: String) -> io::Result<(Listener, Option<SocketFile>)> {
@@ -324,6 +369,11 @@ mod tests {
             assert_eq!(addr.to_string(), text);
         }
         assert_eq!(
+            "127.0.0.1:10809".parse::<ListenAddr>().unwrap().to_string(),
+            "tcp:127.0.0.1:10809",
+            "a bare IP:PORT is TCP"
+        );
+        assert_eq!(
             "unix:/a b".parse::<ListenAddr>().unwrap(),
             ListenAddr::Unix(PathBuf::from("/a b"))
         );
@@ -347,5 +397,22 @@ mod tests {
                 "{text}"
             );
         }
+        let error = "/tmp/x.sock".parse::<ListenAddr>().unwrap_err();
+        assert!(error.to_string().contains("unix: prefix"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn bind_errors_say_what_to_do() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = ListenAddr::Tcp(taken.local_addr().unwrap());
+        let error = bind(&addr).await.err().unwrap().to_string();
+        assert!(error.contains("cannot listen on tcp:127.0.0.1:"), "{error}");
+        assert!(error.contains("another process listens there"), "{error}");
+        let addr: ListenAddr = "unix:/nonexistent-dir/x.sock".parse().unwrap();
+        let error = bind(&addr).await.err().unwrap().to_string();
+        assert!(
+            error.contains("the directory /nonexistent-dir does not exist"),
+            "{error}"
+        );
     }
 }

@@ -225,15 +225,7 @@ pub(crate) fn read_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| map.get(k).cloned()
-    }
+    use crate::test_support::env_of;
 
     fn not_ec2() -> bool {
         false

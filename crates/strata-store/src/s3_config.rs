@@ -6,7 +6,8 @@
 //! - URL: `s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION&addressing=path|virtual]`.
 //!   Query parameters carry only non-secret settings; a credential in the
 //!   URL is refused (process arguments are visible to every local user).
-//! - Endpoint: `endpoint=` or `AWS_ENDPOINT_URL`; none means AWS S3. An
+//! - Endpoint: `endpoint=`, `AWS_ENDPOINT_URL` or object_store's
+//!   `AWS_ENDPOINT`; none means AWS S3. An
 //!   `http://` endpoint allows plain HTTP (the user typed it).
 //! - Region: `region=`, `AWS_REGION`, `AWS_DEFAULT_REGION`, else us-east-1.
 //! - Addressing: path-style when an endpoint is given (MinIO, Ceph RGW,
@@ -98,7 +99,11 @@ impl S3Config {
         let bucket = url.host_str().unwrap_or_default().to_string();
         validate_bucket(&bucket)?;
         let prefix = url.path().trim_matches('/').to_string();
-        let mut endpoint = env("AWS_ENDPOINT_URL").filter(|s| !s.is_empty());
+        // The AWS SDKs' name first, then object_store's: a user who set
+        // either expects it to be used, not a silent fall-back to AWS.
+        let mut endpoint = ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .iter()
+            .find_map(|k| env(k).filter(|s| !s.is_empty()));
         let mut region = env("AWS_REGION")
             .or_else(|| env("AWS_DEFAULT_REGION"))
             .filter(|s| !s.is_empty())
@@ -392,15 +397,7 @@ fn read_ca_bundle(path: &std::path::Path) -> Result<Vec<Certificate>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| map.get(k).cloned()
-    }
+    use crate::test_support::env_of;
 
     const KEYS: [(&str, &str); 2] = [
         ("AWS_ACCESS_KEY_ID", "AKID"),
@@ -428,6 +425,16 @@ mod tests {
             c.signs_payload(),
             "plain HTTP: the signature checks the body"
         );
+        for name in ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"] {
+            let mut vars = KEYS.to_vec();
+            vars.push((name, "http://127.0.0.1:9001"));
+            let c = S3Config::parse("s3://vols", &env_of(&vars)).unwrap();
+            assert_eq!(
+                c.endpoint.as_deref(),
+                Some("http://127.0.0.1:9001"),
+                "{name}"
+            );
+        }
         let aws = S3Config::parse("s3://vols", &env).unwrap();
         assert!(aws.virtual_hosted && aws.prefix.is_empty());
         assert_eq!(aws.region, "us-east-1");

@@ -1,7 +1,8 @@
 //! Test doubles for the wrapper tests: a sleeper that records what it was
-//! asked to sleep, and a store wrapper that counts calls and how many run
-//! at once.
+//! asked to sleep, a store wrapper that counts calls and how many run at
+//! once, and an environment made of given variables.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -113,4 +114,14 @@ impl<T: ObjectStore> ObjectStore for CountingObjectStore<T> {
     async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> Result<()> {
         self.count(self.inner.copy_if_not_exists(from, to)).await
     }
+}
+
+/// An environment (`env(name)`) holding only `pairs`, for the credential
+/// and endpoint searches.
+pub(crate) fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned()
 }

@@ -20,8 +20,8 @@ pub struct Cli {
     /// (AWS_PROFILE), web identity (AWS_WEB_IDENTITY_TOKEN_FILE,
     /// AWS_ROLE_ARN) or, on an EC2 instance (or at AWS_METADATA_ENDPOINT;
     /// AWS_EC2_METADATA_DISABLED=true never), the instance's role; never
-    /// from arguments. AWS_ENDPOINT_URL, AWS_REGION and AWS_CA_BUNDLE are
-    /// read too.
+    /// from arguments. AWS_ENDPOINT_URL (or AWS_ENDPOINT), AWS_REGION and
+    /// AWS_CA_BUNDLE are read too.
     #[arg(long, global = true, env = "STRATA_STORE", value_name = "PATH_OR_URL")]
     pub store: Option<String>,
 
@@ -434,7 +434,8 @@ pub enum OnOff {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Where to listen: unix:/path.sock or tcp:IP:PORT (repeatable).
+    /// Where to listen: unix:/path.sock, or tcp:IP:PORT (the tcp: may be
+    /// left out) (repeatable).
     /// Default: unix:<data-dir>/strata.sock. TCP is only as private as the
     /// address: keep 127.0.0.1 unless the network is trusted.
     #[arg(long, value_name = "ADDR")]

@@ -60,9 +60,8 @@ async fn serve_volumes(
     let stop = shutdown_signal();
     // Bound before the volumes open: clients restarting with the server
     // wait in the listen backlog, not on a refused connection.
-    let mut server = Server::bind_and_adopt(exports, &addrs, inherited, config)
-        .await
-        .context("cannot listen")?;
+    // Its errors name the address (or the setting) and the reason.
+    let mut server = Server::bind_and_adopt(exports, &addrs, inherited, config).await?;
     let tls_on = tls.is_some();
     if let Some(tls) = tls {
         server = server.with_tls(tls);

@@ -983,7 +983,7 @@ fn every_subcommand_error_is_one_line() {
         (vec!["serve", "--create", "x"], "expected NAME=SIZE"),
         (
             vec!["serve", "--listen", "bogus:addr"],
-            "expected unix:PATH or tcp:IP:PORT",
+            "expected unix:PATH or [tcp:]IP:PORT",
         ),
         (
             vec!["serve", "--volume", "nope"],
