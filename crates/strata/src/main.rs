@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use strata_store::{ErrorText, FaultConfig, LayerConfig, RetryPolicy, Store};
+use strata_store::{ErrorText, FaultConfig, LayerConfig, RetryPolicy, Store, StoreError};
 use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
 
 use crate::cli::{
@@ -166,16 +166,22 @@ fn data_dir(cli: &Cli) -> anyhow::Result<PathBuf> {
 
 /// Opens the store `spec` names, else --store's, else <data-dir>/store.
 async fn open_store(cli: &Cli, spec: Option<&str>) -> anyhow::Result<Store> {
-    let spec = match spec.or(cli.store.as_deref()) {
+    let given = spec.or(cli.store.as_deref());
+    let spec = match given {
         Some(s) => {
             refuse_missing_directory(s, &cli.command)?;
             s.to_string()
         }
         None => data_dir(cli)?.join("store").to_string_lossy().into_owned(),
     };
-    Store::open(&spec, &layer_config(cli)?)
-        .await
-        .context("cannot open the store")
+    match Store::open(&spec, &layer_config(cli)?).await {
+        Ok(store) => Ok(store),
+        // The user named no store: the data directory is what to fix.
+        Err(StoreError::Unusable { reason, .. }) if given.is_none() => bail!(
+            "cannot open the default store {spec} (--store not given): {reason}; give --data-dir (or STRATA_DATA_DIR) a writable directory, or --store"
+        ),
+        Err(e) => Err(anyhow::Error::from(e).context("cannot open the store")),
+    }
 }
 
 /// A local store given by the user that does not exist is a typo more

@@ -1081,6 +1081,20 @@ fn every_subcommand_error_is_one_line() {
         !tmp.path().join("stroe").exists(),
         "a read command created the mistyped store"
     );
+    // No --store: the default store is in the data directory, so a data
+    // directory that cannot hold one is what the line asks to fix.
+    let mut c = strata_command(None, &[]);
+    c.arg("--data-dir")
+        .arg(&below_file)
+        .args(["volume", "list"]);
+    let e = assert_one_line_error(
+        &run_timeout(&mut c, Duration::from_secs(60)),
+        "volume list, default store under a regular file",
+    );
+    assert!(
+        e.contains("cannot open the default store") && e.contains("give --data-dir"),
+        "{e}"
+    );
 }
 
 /// A command inside a new mount namespace where `dir` is a tmpfs mounted
