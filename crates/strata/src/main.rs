@@ -30,7 +30,10 @@ use crate::cli::{
 use crate::size::{format_size, size_option};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     init_logging(cli.log_format, matches!(cli.command, Command::Serve(_)));
     // Before the runtime's threads start: this clears LISTEN_* variables.
     let inherited = match &cli.command {
@@ -65,6 +68,54 @@ fn main() -> ExitCode {
             failed
         }
     }
+}
+
+/// A command line clap refuses: one line like every other error (what is
+/// wrong, clap's tip if any, the usage), exit 2 as clap's. Help, version
+/// and a bare `strata` print as clap prints them.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit()
+    }
+    eprintln!("strata: error: {}", one_line_usage(&e.render().to_string()));
+    ExitCode::from(2)
+}
+
+/// clap's multi-line message as one line: "error: " and "For more
+/// information" dropped, the items listed under a line ending in ':'
+/// joined with ", ", the other lines with "; ".
+fn one_line_usage(rendered: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut listing = false;
+    for raw in rendered.lines() {
+        let line = raw.trim();
+        if line.is_empty() {
+            listing = false;
+            continue;
+        }
+        if line.starts_with("For more information") {
+            continue;
+        }
+        if let (true, true, Some(last)) = (listing, raw.starts_with(' '), parts.last_mut()) {
+            let separator = if last.ends_with(':') { " " } else { ", " };
+            last.push_str(separator);
+            last.push_str(line);
+            continue;
+        }
+        let line = line.strip_prefix("error: ").unwrap_or(line);
+        listing = line.ends_with(':');
+        parts.push(match line.strip_prefix("Usage: ") {
+            Some(usage) => format!("usage: {usage} (--help explains)"),
+            None => line.to_string(),
+        });
+    }
+    parts.join("; ")
 }
 
 /// Logs on stderr, at STRATA_LOG's levels. By default a server logs from

@@ -981,6 +981,31 @@ fn every_subcommand_error_is_one_line() {
         (vec!["volume", "clone", "v", "c"], "give VOLUME@SNAPSHOT"),
         (vec!["snapshot", "create", "v"], "give VOLUME@SNAPSHOT"),
         (vec!["serve", "--create", "x"], "expected NAME=SIZE"),
+        // command lines clap refuses: one line too, with the usage
+        (
+            vec!["snapshot", "create", "v", "s"],
+            "unexpected argument 's' found; usage: strata snapshot create",
+        ),
+        (
+            vec!["volume", "create", "--size", "1GiB"],
+            "required arguments were not provided: <NAME>",
+        ),
+        (
+            vec![
+                "volume",
+                "create",
+                "z",
+                "--size",
+                "1GiB",
+                "--compresion",
+                "lz4",
+            ],
+            "a similar argument exists: '--compression'",
+        ),
+        (
+            vec!["--log-format", "xml", "volume", "list"],
+            "[possible values: text, json]",
+        ),
         (
             vec!["serve", "--listen", "bogus:addr"],
             "expected unix:PATH or [tcp:]IP:PORT",
