@@ -184,13 +184,11 @@ impl NbdMetrics {
         Arc::clone(groups.entry(key.to_string()).or_default())
     }
 
-    pub(crate) fn connection_accepted(&self) {
+    /// Counts an accepted connection, open while the guard lives (a
+    /// connection task aborted at shutdown drops it too).
+    pub(crate) fn connection_accepted(self: &Arc<Self>) -> OpenGuard {
         self.connections_accepted.fetch_add(1, Ordering::Relaxed);
-        self.connections_open.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn connection_closed(&self) {
-        self.connections_open.fetch_sub(1, Ordering::Relaxed);
+        OpenGuard::new(self, |m| &m.connections_open)
     }
 
     pub(crate) fn connection_refused(&self) {
@@ -199,8 +197,7 @@ impl NbdMetrics {
 
     /// Counts a connection in transmission while the guard lives.
     pub(crate) fn transmitting(self: &Arc<Self>) -> OpenGuard {
-        self.transmissions_open.fetch_add(1, Ordering::Relaxed);
-        OpenGuard(Arc::clone(self))
+        OpenGuard::new(self, |m| &m.transmissions_open)
     }
 
     /// The counters now, groups in name order.
@@ -226,12 +223,25 @@ impl NbdMetrics {
     }
 }
 
-/// Ends a transmission's count when dropped.
-pub(crate) struct OpenGuard(Arc<NbdMetrics>);
+/// Holds one count of an "open" gauge, given back when dropped.
+pub(crate) struct OpenGuard {
+    metrics: Arc<NbdMetrics>,
+    gauge: fn(&NbdMetrics) -> &AtomicU64,
+}
+
+impl OpenGuard {
+    fn new(metrics: &Arc<NbdMetrics>, gauge: fn(&NbdMetrics) -> &AtomicU64) -> OpenGuard {
+        gauge(metrics).fetch_add(1, Ordering::Relaxed);
+        OpenGuard {
+            metrics: Arc::clone(metrics),
+            gauge,
+        }
+    }
+}
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.0.transmissions_open.fetch_sub(1, Ordering::Relaxed);
+        (self.gauge)(&self.metrics).fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -276,7 +286,7 @@ impl GroupSnapshot {
 /// [`NbdMetrics`] at a point in time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NbdSnapshot {
-    pub groups: Vec<(String, GroupSnapshot)>,
+    pub groups: BTreeMap<String, GroupSnapshot>,
     pub connections_accepted: u64,
     /// Closed at once: over `max_connections`.
     pub connections_refused: u64,
@@ -298,7 +308,7 @@ mod tests {
         group.record(NbdOp::Write, 4096, Duration::from_micros(3), true);
         group.record_refused(NbdOp::Other);
         let snapshot = metrics.snapshot();
-        let (name, vol) = &snapshot.groups[0];
+        let (name, vol) = snapshot.groups.iter().next().unwrap();
         assert_eq!(name, "vol");
         let write = &vol.ops[NbdOp::Write as usize];
         assert_eq!((write.requests, write.errors, write.bytes), (2, 1, 8192));
@@ -319,11 +329,7 @@ mod tests {
         }
         let snapshot = metrics.snapshot();
         assert_eq!(snapshot.groups.len(), MAX_GROUPS + 1);
-        let (_, overflow) = snapshot
-            .groups
-            .iter()
-            .find(|(name, _)| name == OVERFLOW_GROUP)
-            .unwrap();
+        let overflow = &snapshot.groups[OVERFLOW_GROUP];
         assert_eq!(overflow.ops[0].requests, 10);
     }
 
@@ -333,7 +339,7 @@ mod tests {
         let group = metrics.group("g");
         group.record(NbdOp::Flush, 0, Duration::from_secs(u64::MAX), false);
         let snapshot = metrics.snapshot();
-        let flush = &snapshot.groups[0].1.ops[NbdOp::Flush as usize];
+        let flush = &snapshot.groups.values().next().unwrap().ops[NbdOp::Flush as usize];
         assert_eq!(flush.latency_buckets[LATENCY_BUCKETS - 1], 1);
     }
 }

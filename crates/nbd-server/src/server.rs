@@ -169,13 +169,12 @@ impl<P: ExportProvider> Server<P> {
                     };
                     next_id += 1;
                     let serve = connection::serve(Arc::clone(&shared), incoming, next_id);
-                    let metrics = Arc::clone(&self.metrics);
-                    metrics.connection_accepted();
+                    let open = self.metrics.connection_accepted();
                     connections.spawn(async move {
                         serve.await;
-                        metrics.connection_closed();
                         // The slot frees as the connection ends, before it is joined.
                         drop(slot);
+                        drop(open);
                     });
                 }
                 Some(joined) = connections.join_next(), if !connections.is_empty() => log_join(joined),

@@ -76,16 +76,13 @@ impl Findings {
 
     /// Drops the problems reaching bytes of segments `seqs`.
     pub fn forget_segments(&mut self, seqs: &BTreeSet<u64>) {
-        let keep: Vec<bool> = self
-            .reach
-            .iter()
-            .map(|r| !matches!(r, Reach::Segment { seq, .. } if seqs.contains(seq)))
-            .collect();
-        let mut keep_reach = keep.iter();
-        self.reach.retain(|_| *keep_reach.next().unwrap_or(&true));
-        let mut keep_problem = keep.iter();
-        self.problems
-            .retain(|_| *keep_problem.next().unwrap_or(&true));
+        // `reach[i]` is where `problems[i]` lies: both are pushed together.
+        debug_assert_eq!(self.reach.len(), self.problems.len());
+        (self.reach, self.problems) = std::mem::take(&mut self.reach)
+            .into_iter()
+            .zip(std::mem::take(&mut self.problems))
+            .filter(|(r, _)| !matches!(r, Reach::Segment { seq, .. } if seqs.contains(seq)))
+            .unzip();
     }
 
     pub fn reach(&self) -> &[Reach] {

@@ -46,11 +46,10 @@ impl Collector for StrataCollector {
         // Every open volume has its NBD series from the start, at zero
         // (rates and dashboards need no first request to see them).
         for name in stats.volumes.keys() {
-            if !nbd.groups.iter().any(|(group, _)| group == name) {
-                nbd.groups.push((name.clone(), GroupSnapshot::empty()));
-            }
+            nbd.groups
+                .entry(name.clone())
+                .or_insert_with(GroupSnapshot::empty);
         }
-        nbd.groups.sort_by(|a, b| a.0.cmp(&b.0));
         build_info(&mut enc)?;
         nbd_families(&mut enc, &nbd)?;
         store_families(&mut enc, &stats.store)?;

@@ -1,8 +1,12 @@
 //! Latency histograms for Prometheus from the log2 histograms the NBD
 //! server and the store keep (bucket `i` counts latencies in
-//! `[2^(i-1), 2^i)` µs): merged four raw buckets to one, so each series
+//! `[2^(i-1), 2^i)` µs): merged two raw buckets to one, so each series
 //! has a dozen buckets, not forty. The bounds are exact edges of the raw
 //! buckets (2^k µs), so no sample is ever counted in the wrong bucket.
+
+// The two crates keep their own histograms (neither depends on the
+// other); this module reads both with one bucket meaning.
+const _: () = assert!(nbd_server::LATENCY_BUCKETS == strata_store::LATENCY_BUCKETS);
 
 /// Exponents `k` of the upper bounds, 2^k µs: 16 µs, 64 µs, 256 µs,
 /// ~1 ms, ~4 ms, ~16 ms, ~65 ms, ~262 ms, ~1 s, ~4.2 s, ~16.8 s; then +Inf.

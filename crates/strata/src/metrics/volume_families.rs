@@ -14,117 +14,228 @@ use super::families::{counters, gauges, Labels};
 
 type Volumes = BTreeMap<String, VolumeStats>;
 
-/// One row per volume of `f`'s value.
-fn per_volume(volumes: &Volumes, f: impl Fn(&VolumeStats) -> u64) -> Vec<(Labels, u64)> {
-    volumes
-        .iter()
-        .map(|(name, v)| (label("volume", name), f(v)))
-        .collect()
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
 }
+use Kind::{Counter, Gauge};
+
+/// The families that are one number per volume: kind, name, help, value.
+type PerVolume = (Kind, &'static str, &'static str, fn(&VolumeStats) -> u64);
+
+/// Data and space, uploads, back-pressure, garbage collection, snapshots.
+const PER_VOLUME: &[PerVolume] = &[
+    (
+        Gauge,
+        "strata_volume_mapped_bytes",
+        "Bytes of the volume that hold data (not holes).",
+        |v| v.mapped_data_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_stored_bytes",
+        "Bytes of the volume's segment objects in the store.",
+        |v| v.space.stored_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_live_bytes",
+        "Bytes of stored segments the volume's map points at.",
+        |v| v.space.live_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_garbage_bytes",
+        "Stored segment bytes nothing points at: what garbage collection can reclaim.",
+        |v| v.space.garbage_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_stored_segments",
+        "Segment objects of the volume in the store.",
+        |v| v.space.stored_segments,
+    ),
+    (
+        Counter,
+        "strata_volume_uploaded_segments_total",
+        "Segments uploaded to the store.",
+        |v| v.segments_uploaded,
+    ),
+    (
+        Counter,
+        "strata_volume_uploaded_bytes_total",
+        "Bytes of segments uploaded to the store.",
+        |v| v.bytes_uploaded,
+    ),
+    (
+        Counter,
+        "strata_volume_zero_writes_elided_bytes_total",
+        "Bytes of writes that were all zeros, recorded as holes instead of stored.",
+        |v| v.zero_write_bytes_elided,
+    ),
+    (
+        Gauge,
+        "strata_volume_upload_pending_segments",
+        "Sealed segments not yet in the store (uploading or waiting to).",
+        |v| v.upload_pending_segments,
+    ),
+    (
+        Gauge,
+        "strata_volume_upload_pending_bytes",
+        "Bytes of sealed segments not yet in the store.",
+        |v| v.upload_pending_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_write_buffer_bytes",
+        "Bytes of writes held in memory until uploaded (open and sealed segments).",
+        |v| v.buffered_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_write_buffer_budget_bytes",
+        "The write buffer's budget (--write-buffer); writers wait when it is full.",
+        |v| v.write_buffer_budget_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_journal_used_bytes",
+        "Bytes of the local journal not yet safe in the store.",
+        |v| v.journal_used_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_journal_size_bytes",
+        "The local journal's size; writers wait when it is full.",
+        |v| v.journal_ring_bytes,
+    ),
+    (
+        Counter,
+        "strata_gc_passes_total",
+        "Garbage collection passes.",
+        |v| v.gc.passes,
+    ),
+    (
+        Counter,
+        "strata_gc_segments_rewritten_total",
+        "Segments whose live data garbage collection copied out.",
+        |v| v.gc.segments_rewritten,
+    ),
+    (
+        Counter,
+        "strata_gc_copied_bytes_total",
+        "Live bytes garbage collection copied.",
+        |v| v.gc.bytes_copied,
+    ),
+    (
+        Counter,
+        "strata_gc_objects_deleted_total",
+        "Objects garbage collection deleted after their grace period.",
+        |v| v.gc.objects_deleted,
+    ),
+    (
+        Counter,
+        "strata_gc_reclaimed_bytes_total",
+        "Stored bytes garbage collection deleted.",
+        |v| v.gc.bytes_reclaimed,
+    ),
+    (
+        Counter,
+        "strata_gc_orphans_deleted_total",
+        "Objects no manifest names (left by crashes) deleted.",
+        |v| v.gc.orphans_deleted,
+    ),
+    (
+        Counter,
+        "strata_gc_errors_total",
+        "Garbage collection passes that failed (retried later).",
+        |v| v.gc.errors,
+    ),
+    (
+        Counter,
+        "strata_gc_read_rewrites_total",
+        "Fragmented reads whose pieces were rewritten contiguously.",
+        |v| v.gc.read_rewrites,
+    ),
+    (
+        Gauge,
+        "strata_gc_pending_deletions",
+        "Objects waiting for their grace period before deletion.",
+        |v| v.gc.pending_deletions,
+    ),
+    (
+        Gauge,
+        "strata_gc_pending_deletion_bytes",
+        "Bytes of objects waiting for their grace period before deletion.",
+        |v| v.gc.pending_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_snapshots",
+        "Snapshots the volume has.",
+        |v| v.snapshots.count,
+    ),
+    (
+        Gauge,
+        "strata_volume_snapshot_pinned_segments",
+        "Segments the volume's snapshots keep from garbage collection.",
+        |v| v.snapshot_pinned_segments,
+    ),
+    (
+        Counter,
+        "strata_snapshots_created_total",
+        "Snapshots taken by this server.",
+        |v| v.snapshots.created,
+    ),
+    (
+        Counter,
+        "strata_snapshots_deleted_total",
+        "Snapshots deleted by this server.",
+        |v| v.snapshots.deleted,
+    ),
+    (
+        Counter,
+        "strata_snapshot_rollbacks_total",
+        "Rollbacks to a snapshot by this server.",
+        |v| v.snapshots.rollbacks,
+    ),
+    (
+        Gauge,
+        "strata_volume_lease_epoch",
+        "The volume's epoch this server holds (bumped by every server that opens the volume).",
+        |v| v.lease.epoch,
+    ),
+    (
+        Counter,
+        "strata_volume_lease_renewals_total",
+        "Lease renewals written.",
+        |v| v.lease.renewals,
+    ),
+    (
+        Counter,
+        "strata_volume_lease_renewal_failures_total",
+        "Lease renewals that failed (the store unreachable, or the volume taken over).",
+        |v| v.lease.renewal_failures,
+    ),
+];
 
 pub(super) fn volume_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
-    space_families(enc, volumes)?;
-    upload_families(enc, volumes)?;
-    back_pressure_families(enc, volumes)?;
-    gc_families(enc, volumes)?;
-    snapshot_families(enc, volumes)?;
+    for &(kind, name, help, value) in PER_VOLUME {
+        let rows: Vec<(Labels, u64)> = volumes
+            .iter()
+            .map(|(volume, v)| (label("volume", volume), value(v)))
+            .collect();
+        match kind {
+            Counter => counters(enc, name, help, &rows)?,
+            Gauge => gauges(enc, name, help, &rows)?,
+        }
+    }
+    write_wait_families(enc, volumes)?;
     lease_families(enc, volumes)
 }
 
-fn space_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
-    let space = |name: &str, help: &str, f: fn(&VolumeStats) -> u64| {
-        (name.to_string(), help.to_string(), per_volume(volumes, f))
-    };
-    for (name, help, rows) in [
-        space(
-            "strata_volume_mapped_bytes",
-            "Bytes of the volume that hold data (not holes).",
-            |v| v.mapped_data_bytes,
-        ),
-        space(
-            "strata_volume_stored_bytes",
-            "Bytes of the volume's segment objects in the store.",
-            |v| v.space.stored_bytes,
-        ),
-        space(
-            "strata_volume_live_bytes",
-            "Bytes of stored segments the volume's map points at.",
-            |v| v.space.live_bytes,
-        ),
-        space(
-            "strata_volume_garbage_bytes",
-            "Stored segment bytes nothing points at: what garbage collection can reclaim.",
-            |v| v.space.garbage_bytes,
-        ),
-        space(
-            "strata_volume_stored_segments",
-            "Segment objects of the volume in the store.",
-            |v| v.space.stored_segments,
-        ),
-    ] {
-        gauges(enc, &name, &help, &rows)?;
-    }
-    Ok(())
-}
-
-fn upload_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
-    counters(
-        enc,
-        "strata_volume_uploaded_segments_total",
-        "Segments uploaded to the store.",
-        &per_volume(volumes, |v| v.segments_uploaded),
-    )?;
-    counters(
-        enc,
-        "strata_volume_uploaded_bytes_total",
-        "Bytes of segments uploaded to the store.",
-        &per_volume(volumes, |v| v.bytes_uploaded),
-    )?;
-    counters(
-        enc,
-        "strata_volume_zero_writes_elided_bytes_total",
-        "Bytes of writes that were all zeros, recorded as holes instead of stored.",
-        &per_volume(volumes, |v| v.zero_write_bytes_elided),
-    )?;
-    gauges(
-        enc,
-        "strata_volume_upload_pending_segments",
-        "Sealed segments not yet in the store (uploading or waiting to).",
-        &per_volume(volumes, |v| v.upload_pending_segments),
-    )?;
-    gauges(
-        enc,
-        "strata_volume_upload_pending_bytes",
-        "Bytes of sealed segments not yet in the store.",
-        &per_volume(volumes, |v| v.upload_pending_bytes),
-    )
-}
-
-fn back_pressure_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
-    gauges(
-        enc,
-        "strata_volume_write_buffer_bytes",
-        "Bytes of writes held in memory until uploaded (open and sealed segments).",
-        &per_volume(volumes, |v| v.buffered_bytes),
-    )?;
-    gauges(
-        enc,
-        "strata_volume_write_buffer_budget_bytes",
-        "The write buffer's budget (--write-buffer); writers wait when it is full.",
-        &per_volume(volumes, |v| v.write_buffer_budget_bytes),
-    )?;
-    gauges(
-        enc,
-        "strata_volume_journal_used_bytes",
-        "Bytes of the local journal not yet safe in the store.",
-        &per_volume(volumes, |v| v.journal_used_bytes),
-    )?;
-    gauges(
-        enc,
-        "strata_volume_journal_size_bytes",
-        "The local journal's size; writers wait when it is full.",
-        &per_volume(volumes, |v| v.journal_ring_bytes),
-    )?;
+fn write_wait_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
     let mut waits = Vec::new();
     let mut waited = Vec::new();
     for (name, v) in volumes {
@@ -148,101 +259,6 @@ fn back_pressure_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt
     )
 }
 
-fn gc_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
-    let gc = |name: &str, help: &str, f: fn(&VolumeStats) -> u64| {
-        (name.to_string(), help.to_string(), per_volume(volumes, f))
-    };
-    for (name, help, rows) in [
-        gc(
-            "strata_gc_passes_total",
-            "Garbage collection passes.",
-            |v| v.gc.passes,
-        ),
-        gc(
-            "strata_gc_segments_rewritten_total",
-            "Segments whose live data garbage collection copied out.",
-            |v| v.gc.segments_rewritten,
-        ),
-        gc(
-            "strata_gc_copied_bytes_total",
-            "Live bytes garbage collection copied.",
-            |v| v.gc.bytes_copied,
-        ),
-        gc(
-            "strata_gc_objects_deleted_total",
-            "Objects garbage collection deleted after their grace period.",
-            |v| v.gc.objects_deleted,
-        ),
-        gc(
-            "strata_gc_reclaimed_bytes_total",
-            "Stored bytes garbage collection deleted.",
-            |v| v.gc.bytes_reclaimed,
-        ),
-        gc(
-            "strata_gc_orphans_deleted_total",
-            "Objects no manifest names (left by crashes) deleted.",
-            |v| v.gc.orphans_deleted,
-        ),
-        gc(
-            "strata_gc_errors_total",
-            "Garbage collection passes that failed (retried later).",
-            |v| v.gc.errors,
-        ),
-        gc(
-            "strata_gc_read_rewrites_total",
-            "Fragmented reads whose pieces were rewritten contiguously.",
-            |v| v.gc.read_rewrites,
-        ),
-    ] {
-        counters(enc, &name, &help, &rows)?;
-    }
-    gauges(
-        enc,
-        "strata_gc_pending_deletions",
-        "Objects waiting for their grace period before deletion.",
-        &per_volume(volumes, |v| v.gc.pending_deletions),
-    )?;
-    gauges(
-        enc,
-        "strata_gc_pending_deletion_bytes",
-        "Bytes of objects waiting for their grace period before deletion.",
-        &per_volume(volumes, |v| v.gc.pending_bytes),
-    )
-}
-
-fn snapshot_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
-    gauges(
-        enc,
-        "strata_volume_snapshots",
-        "Snapshots the volume has.",
-        &per_volume(volumes, |v| v.snapshots.count),
-    )?;
-    gauges(
-        enc,
-        "strata_volume_snapshot_pinned_segments",
-        "Segments the volume's snapshots keep from garbage collection.",
-        &per_volume(volumes, |v| v.snapshot_pinned_segments),
-    )?;
-    counters(
-        enc,
-        "strata_snapshots_created_total",
-        "Snapshots taken by this server.",
-        &per_volume(volumes, |v| v.snapshots.created),
-    )?;
-    counters(
-        enc,
-        "strata_snapshots_deleted_total",
-        "Snapshots deleted by this server.",
-        &per_volume(volumes, |v| v.snapshots.deleted),
-    )?;
-    counters(
-        enc,
-        "strata_snapshot_rollbacks_total",
-        "Rollbacks to a snapshot by this server.",
-        &per_volume(volumes, |v| v.snapshots.rollbacks),
-    )
-}
-
 fn lease_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
     let mut states = Vec::new();
     for (name, v) in volumes {
@@ -257,12 +273,6 @@ fn lease_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result
         "1 for the state the volume's lease is in: valid (writes acknowledged), lapsed (not renewed in time: writes wait), fenced (another server took the volume over), released (closed).",
         &states,
     )?;
-    gauges(
-        enc,
-        "strata_volume_lease_epoch",
-        "The volume's epoch this server holds (bumped by every server that opens the volume).",
-        &per_volume(volumes, |v| v.lease.epoch),
-    )?;
     let valid: Vec<(Labels, f64)> = volumes
         .iter()
         .map(|(name, v)| (label("volume", name), v.lease.valid_for_ms as f64 / 1e3))
@@ -272,17 +282,5 @@ fn lease_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result
         "strata_volume_lease_valid_seconds",
         "How much longer writes are acknowledged without another lease renewal.",
         &valid,
-    )?;
-    counters(
-        enc,
-        "strata_volume_lease_renewals_total",
-        "Lease renewals written.",
-        &per_volume(volumes, |v| v.lease.renewals),
-    )?;
-    counters(
-        enc,
-        "strata_volume_lease_renewal_failures_total",
-        "Lease renewals that failed (the store unreachable, or the volume taken over).",
-        &per_volume(volumes, |v| v.lease.renewal_failures),
     )
 }
