@@ -89,6 +89,20 @@ impl<T: ObjectStore> ExplainingObjectStore<T> {
 
 /// `error` explained for `place`, or unchanged if it needs no words.
 pub fn explain(place: &StorePlace, error: Error, location: &str) -> Error {
+    // Answers callers ask for (a conditional write refused) or handle (an
+    // object missing from a local store) need no words: they are frequent
+    // (lease and manifest races, cache misses), so return before any text
+    // is made. An S3 404 is read on: it may say the bucket is missing.
+    let expected = match &error {
+        Error::AlreadyExists { .. } | Error::Precondition { .. } | Error::NotModified { .. } => {
+            true
+        }
+        Error::NotFound { .. } => matches!(place, StorePlace::Local { .. }),
+        _ => false,
+    };
+    if expected {
+        return error;
+    }
     let failure = match place {
         StorePlace::S3 { .. } => explain_s3(place, &error),
         StorePlace::Local { root } => explain_local(root, &error),
@@ -133,16 +147,16 @@ fn explain_s3(place: &StorePlace, error: &Error) -> Option<StoreFailure> {
     else {
         return None;
     };
-    let detail = error.to_string();
     if let Some((_, url)) = failed_request(error).filter(|(_, u)| is_metadata_url(u)) {
-        return metadata_failure(error, &url, detail);
+        return metadata_failure(error, &url, error.to_string());
     }
     if let Some(reply) = http_reply(error) {
         let (kind, message) = s3_reply(place, &reply)?;
-        return Some(StoreFailure::new(kind, message, detail));
+        return Some(StoreFailure::new(kind, message, error.to_string()));
     }
+    let transport = transport_kind(error)?;
     let cause = root_cause(error);
-    let (kind, message) = match transport_kind(error)? {
+    let (kind, message) = match transport {
         HttpErrorKind::Connect => (
             FailureKind::Unreachable,
             format!("cannot connect to {endpoint} (bucket {bucket:?}): {cause}; {endpoint_hint}"),
@@ -155,7 +169,7 @@ fn explain_s3(place: &StorePlace, error: &Error) -> Option<StoreFailure> {
         ),
         _ => return None,
     };
-    Some(StoreFailure::new(kind, message, detail))
+    Some(StoreFailure::new(kind, message, error.to_string()))
 }
 
 /// The instance metadata service (IMDS) of EC2: where a role's credentials
@@ -266,8 +280,9 @@ fn status_text(status: u16) -> String {
 
 fn explain_local(root: &std::path::Path, error: &Error) -> Option<StoreFailure> {
     let root = root.display();
+    let kind = io_kind(error)?;
     let cause = root_cause(error);
-    let (kind, message) = match io_kind(error)? {
+    let (kind, message) = match kind {
         std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => (
             FailureKind::DiskFull,
             format!("the disk holding the store {root} is full ({cause}): free space there, or use a store on another disk"),

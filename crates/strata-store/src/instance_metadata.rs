@@ -85,11 +85,11 @@ impl InstanceMetadata {
             Some(&token),
         )
         .await
-        .map_err(|e| match e.as_str() {
-            "it answered 404 Not Found" => {
+        .map_err(|e| match e {
+            Failed::Status(http::StatusCode::NOT_FOUND) => {
                 format!("{endpoint} says this instance has no IAM role (instance profile) attached")
             }
-            _ => format!("no role from {endpoint}: {e}"),
+            e => format!("no role from {endpoint}: {e}"),
         })?;
         let role = roles.lines().next().unwrap_or_default().trim().to_string();
         if role.is_empty() {
@@ -119,6 +119,21 @@ fn client() -> Result<HttpClient, String> {
         .map_err(|e| format!("cannot build an HTTP client: {e}"))
 }
 
+/// Why a request got no usable reply: its status, or what happened.
+enum Failed {
+    Status(http::StatusCode),
+    Other(String),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Status(status) => write!(f, "it answered {status}"),
+            Failed::Other(what) => f.write_str(what),
+        }
+    }
+}
+
 /// One IMDSv2 request; the reply's text, or what happened.
 async fn request(
     client: &HttpClient,
@@ -126,7 +141,8 @@ async fn request(
     endpoint: &str,
     path: &str,
     token: Option<&str>,
-) -> Result<String, String> {
+) -> Result<String, Failed> {
+    let other = Failed::Other;
     let mut builder = http::Request::builder()
         .method(method)
         .uri(format!("{endpoint}{path}"));
@@ -136,24 +152,26 @@ async fn request(
     };
     let req = builder
         .body(HttpRequestBody::empty())
-        .map_err(|e| format!("bad request: {e}"))?;
+        .map_err(|e| other(format!("bad request: {e}")))?;
     let reply = client
         .execute(req)
         .await
-        .map_err(|e| crate::store_failure::root_cause(&e))?;
+        .map_err(|e| other(crate::store_failure::root_cause(&e)))?;
     let status = reply.status();
     if !status.is_success() {
-        return Err(format!("it answered {status}"));
+        return Err(Failed::Status(status));
     }
     let body = reply
         .into_body()
         .bytes()
         .await
-        .map_err(|e| crate::store_failure::root_cause(&e))?;
+        .map_err(|e| other(crate::store_failure::root_cause(&e)))?;
     if body.len() > MAX_REPLY_BYTES {
-        return Err(format!("its reply is larger than {MAX_REPLY_BYTES} bytes"));
+        return Err(other(format!(
+            "its reply is larger than {MAX_REPLY_BYTES} bytes"
+        )));
     }
-    String::from_utf8(body.to_vec()).map_err(|_| "its reply is not text".to_string())
+    String::from_utf8(body.to_vec()).map_err(|_| other("its reply is not text".into()))
 }
 
 /// Whether this machine says it is an EC2 instance (DMI, or Xen's uuid).

@@ -62,8 +62,8 @@ pub use names::{validate_name, validate_volume_name, ObjectNames, MAX_VOLUME_NAM
 pub use object_store;
 pub use store::{Store, StoreError, StoreStats};
 pub use store_check::{
-    probe_and_record, read_record, remembered_or_probed, utc_timestamp, StoreCheckRecord,
-    VerdictSource, MAX_RECORD_BYTES, PROBE_FORMAT, STORE_CHECK_OBJECT,
+    probe_and_record, read_record, remembered_or_probed, StoreCheckRecord, VerdictSource,
+    MAX_RECORD_BYTES, PROBE_FORMAT, STORE_CHECK_OBJECT,
 };
 
 pub use env::{unit_interval, up_to_inclusive, Entropy, Sleeper, SplitMixEntropy, TokioSleeper};

@@ -308,9 +308,15 @@ pub(crate) fn redact_secrets(spec: &str) -> String {
     };
     let pairs: Vec<String> = query
         .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if is_secret_key(k) => format!("{k}=..."),
-            _ => pair.to_string(),
+        .map(|pair| {
+            // Judged by the key as `parse` sees it: percent-decoded.
+            let secret = url::form_urlencoded::parse(pair.as_bytes())
+                .next()
+                .is_some_and(|(k, _)| is_secret_key(&k));
+            match (secret, pair.split_once('=')) {
+                (true, Some((k, _))) => format!("{k}=..."),
+                _ => pair.to_string(),
+            }
         })
         .collect();
     format!("{base}?{}", pairs.join("&"))
@@ -451,6 +457,10 @@ mod tests {
         assert_eq!(
             redact_secrets("s3://vols?region=r&secret_access_key=hunter2"),
             "s3://vols?region=r&secret_access_key=..."
+        );
+        assert_eq!(
+            redact_secrets("s3://vols?%73ecret_access_key=hunter2"),
+            "s3://vols?%73ecret_access_key=..."
         );
         for (spec, want) in [
             ("s3://vols?secret_access_key=x", "not accepted"),

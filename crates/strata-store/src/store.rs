@@ -88,23 +88,36 @@ impl Store {
         if spec == "memory://" || spec == "memory:" {
             return Ok(Store::in_memory_with(layers));
         }
-        if let Some(rest) = spec.strip_prefix("file://") {
-            if !rest.starts_with('/') {
-                return Err(unusable("a file:// URL needs an absolute path".into()));
-            }
-            return Store::local_with(FsPath::new(rest), layers).map_err(unusable);
-        }
         if spec.starts_with("s3://") {
             let env = |k: &str| std::env::var(k).ok();
             return Store::s3(spec, &env, layers).await.map_err(unusable);
         }
-        if let Some((scheme, _)) = spec.split_once("://") {
-            return Err(unusable(format!(
-                "the {scheme}:// scheme is not supported; use a directory path, \
-                 file:///path, s3://bucket/prefix or memory://"
-            )));
+        match Store::local_dir(spec) {
+            Some(dir) if spec.starts_with("file://") && !dir.starts_with('/') => {
+                Err(unusable("a file:// URL needs an absolute path".into()))
+            }
+            Some(dir) => Store::local_with(FsPath::new(dir), layers).map_err(unusable),
+            None => {
+                let scheme = spec.split_once("://").map_or(spec, |(scheme, _)| scheme);
+                Err(unusable(format!(
+                    "the {scheme}:// scheme is not supported; use a directory path, \
+                     file:///path, s3://bucket/prefix or memory://"
+                )))
+            }
         }
-        Store::local_with(FsPath::new(spec), layers).map_err(unusable)
+    }
+
+    /// The directory `spec` names when it is a local store (a path, or
+    /// file:///path); `None` for the other stores.
+    pub fn local_dir(spec: &str) -> Option<&str> {
+        if spec == "memory://" || spec == "memory:" {
+            return None;
+        }
+        match spec.strip_prefix("file://") {
+            Some(dir) => Some(dir),
+            None if spec.contains("://") => None,
+            None => Some(spec),
+        }
     }
 
     /// An in-memory store (tests), with the default layers.

@@ -152,26 +152,15 @@ fn usable_record(store: &str, bytes: &[u8]) -> Option<StoreCheckRecord> {
     Some(record)
 }
 
-/// `unix_s` as `YYYY-MM-DDTHH:MM:SSZ` (UTC; the proleptic Gregorian
-/// calendar, after Howard Hinnant's `civil_from_days`).
-pub fn utc_timestamp(unix_s: u64) -> String {
-    let days = (unix_s / 86_400) as i64;
-    let secs = unix_s % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3_600,
-        secs / 60 % 60,
-        secs % 60
-    )
+/// `unix_s` as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+fn utc_timestamp(unix_s: u64) -> String {
+    i64::try_from(unix_s)
+        .ok()
+        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+        .map_or_else(
+            || format!("unix time {unix_s}"),
+            |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        )
 }
 
 #[cfg(test)]

@@ -84,8 +84,8 @@ pub fn socket_path(data_dir: &Path) -> PathBuf {
 /// Listens on the control socket until the task is dropped. A stale socket
 /// file (no server behind it) is replaced; a live one is an error.
 pub async fn listen(engine: Arc<Engine>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    // The data directory exists: `engine()` made it for `serve`.
     let dir = &engine.config().data_dir;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let path = socket_path(dir);
     if UnixStream::connect(&path).await.is_ok() {
         anyhow::bail!(

@@ -248,10 +248,8 @@ fn refuse_missing_directory(spec: &str, command: &Command) -> anyhow::Result<()>
         ),
         _ => false,
     };
-    let path = match spec.strip_prefix("file://") {
-        Some(p) => p,
-        None if spec.contains("://") => return Ok(()),
-        None => spec,
+    let Some(path) = Store::local_dir(spec) else {
+        return Ok(());
     };
     if creates || path.is_empty() || std::path::Path::new(path).exists() {
         return Ok(());
@@ -266,7 +264,8 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
     // A key file with loose permissions or a malformed STRATA_KEY is the
     // user's to fix first, whatever the store.
     let key = user_key(cli)?.map(std::sync::Arc::new);
-    if store_cmd::writes_volumes(&cli.command) {
+    let writes = store_cmd::writes_volumes(&cli.command);
+    if writes {
         // Journals, leases' holder id and locks live there: say so now
         // rather than name a file deep inside it.
         std::fs::create_dir_all(&data_dir).map_err(|e| {
@@ -277,9 +276,8 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         })?;
     }
     let store = open_store(cli, None).await?;
-    if store_cmd::writes_volumes(&cli.command) {
-        let unsafe_ok = cli.unsafe_single_host;
-        store_cmd::require_conditional_writes(&store, unsafe_ok, serve.is_some()).await?;
+    if writes {
+        store_cmd::require_conditional_writes(&store, cli.unsafe_single_host).await?;
     }
     let mut config = VolumeConfig::new(data_dir);
     config.key = key;

@@ -207,15 +207,15 @@ const OPEN_WAIT_MS: u64 = 30_000;
 /// those it could not open or that were still opening, with the reason.
 struct OpenOutcome {
     served: Vec<String>,
-    /// Named on stderr with the reason as they were found.
-    not_served: Vec<String>,
+    /// How many were not: each named on stderr with the reason as found.
+    not_served: usize,
 }
 
 impl OpenOutcome {
     fn all(served: Vec<String>) -> OpenOutcome {
         OpenOutcome {
             served,
-            not_served: Vec::new(),
+            not_served: 0,
         }
     }
 }
@@ -255,7 +255,7 @@ async fn open_all(engine: &Arc<Engine>, volumes: Vec<VolumeInfo>) -> OpenOutcome
             ),
         };
         tracing::error!(volume = %name, "{why}");
-        outcome.not_served.push(name);
+        outcome.not_served += 1;
     }
     outcome
 }
@@ -292,8 +292,8 @@ fn listen_addrs(
         return Ok(Vec::new());
     }
     if args.listen.is_empty() {
+        // The data directory exists: `engine()` made it for `serve`.
         let dir = &engine.config().data_dir;
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         return Ok(vec![ListenAddr::Unix(dir.join("strata.sock"))]);
     }
     args.listen
@@ -330,7 +330,7 @@ fn print_uris(outcome: &OpenOutcome, addrs: &[ListenAddr], tls: bool) -> anyhow:
                 ListenAddr::Tcp(sa) => println!("nbd{s}://{sa}/{name}"),
             }
         }
-        match (outcome.served.is_empty(), outcome.not_served.len()) {
+        match (outcome.served.is_empty(), outcome.not_served) {
             (false, _) => {}
             (true, 0) => println!(
                 "listening on {addr} (no volumes yet: strata volume create NAME --size SIZE)"

@@ -10,8 +10,8 @@
 
 use anyhow::bail;
 use strata_store::{
-    probe_and_record, remembered_or_probed, Store, StoreCheckRecord, Verdict, VerdictSource,
-    PROBE_PREFIX, STORE_CHECK_OBJECT,
+    probe_and_record, remembered_or_probed, ProbeError, Store, StoreCheckRecord, Verdict,
+    VerdictSource, PROBE_PREFIX, STORE_CHECK_OBJECT,
 };
 
 use crate::cli::{Command, SnapshotCommand, VolumeCommand};
@@ -42,12 +42,11 @@ pub fn writes_volumes(command: &Command) -> bool {
 
 /// Refuses a store that does not enforce conditional writes (see the
 /// module doc). The verdict is the one remembered in the store, or the
-/// probe's on first use, which a server logs at info level (other
-/// commands at debug: their output is what the user asked for).
+/// probe's on first use, logged at info level (which only a server shows
+/// by default: a command's output is what the user asked for).
 pub async fn require_conditional_writes(
     store: &Store,
     unsafe_single_host: bool,
-    is_server: bool,
 ) -> anyhow::Result<()> {
     if unsafe_single_host {
         tracing::warn!(store = %store.description(), "--unsafe-single-host: a store that ignores conditional writes is not refused; nothing protects a volume against a second writer, so only this host may ever use this store");
@@ -58,10 +57,9 @@ pub async fn require_conditional_writes(
             tracing::warn!(error = %strata_store::ErrorText(&e), "cannot check the store's conditional writes; going on (--unsafe-single-host)");
             return Ok(());
         }
-        Err(e) if e.is_explained() => bail!("{e}"),
-        Err(e) => bail!("{e}; {UNREACHABLE}"),
+        Err(e) => return Err(probe_failed(e)),
     };
-    log_verdict(store, &record, source, is_server);
+    log_verdict(store, &record, source);
     let Some(shortcoming) = record.report.shortcoming() else {
         return Ok(());
     };
@@ -79,15 +77,21 @@ pub async fn require_conditional_writes(
     bail!("{shortcoming}; {WAY_OUT}{when}")
 }
 
-fn log_verdict(store: &Store, record: &StoreCheckRecord, source: VerdictSource, is_server: bool) {
+/// A probe that could not run, said once: an explained store error says
+/// what to do itself; another gets the generic advice.
+fn probe_failed(e: ProbeError) -> anyhow::Error {
+    match e.is_explained() {
+        true => anyhow::anyhow!("{e}"),
+        false => anyhow::anyhow!("{e}; {UNREACHABLE}"),
+    }
+}
+
+fn log_verdict(store: &Store, record: &StoreCheckRecord, source: VerdictSource) {
     let store = store.description();
     let safe = record.report.is_safe();
     match source {
-        VerdictSource::Probed if is_server => {
-            tracing::info!(%store, safe, object = STORE_CHECK_OBJECT, "probed the store's conditional writes (first use); verdict recorded")
-        }
         VerdictSource::Probed => {
-            tracing::debug!(%store, safe, object = STORE_CHECK_OBJECT, "probed the store's conditional writes (first use); verdict recorded")
+            tracing::info!(%store, safe, object = STORE_CHECK_OBJECT, "probed the store's conditional writes (first use); verdict recorded")
         }
         VerdictSource::Remembered => {
             tracing::debug!(%store, safe, checked_at = %record.checked_at, "conditional writes: using the remembered verdict")
@@ -104,11 +108,7 @@ pub async fn check(store: &Store, json: bool) -> anyhow::Result<()> {
             store.description()
         );
     }
-    let record = match probe_and_record(store).await {
-        Ok(r) => r,
-        Err(e) if e.is_explained() => bail!("{e}"),
-        Err(e) => bail!("{e}; {UNREACHABLE}"),
-    };
+    let record = probe_and_record(store).await.map_err(probe_failed)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {

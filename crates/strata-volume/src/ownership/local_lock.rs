@@ -63,7 +63,9 @@ pub fn holder_id(data_dir: &Path) -> Result<String, VolumeError> {
 fn read_id(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     let id = text.trim();
-    (id.len() == 32).then(|| id.to_string())
+    // Untrusted: only what create_id writes (32 hex digits) is an id.
+    let valid = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+    valid.then(|| id.to_string())
 }
 
 /// Makes the data directory's id, once: a server opens its volumes
@@ -82,7 +84,9 @@ fn create_id(data_dir: &Path, id_path: &Path) -> std::io::Result<String> {
             Some(winner) => Ok(winner),
             None => std::fs::rename(&tmp, id_path).map(|()| id),
         },
-        Err(e) => Err(e),
+        // A file system without hard links: rename, as before the link
+        // (concurrent first opens may then disagree once).
+        Err(_) => std::fs::rename(&tmp, id_path).map(|()| id),
     };
     let _ = std::fs::remove_file(&tmp);
     outcome
@@ -120,6 +124,12 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("instance-id"), "damaged").unwrap();
+        let id = holder_id(dir.path()).unwrap();
+        assert_eq!(holder_id(dir.path()).unwrap(), id);
+        // 32 bytes, a multi-byte character across byte 12.
+        let damaged = format!("{}é{}", "a".repeat(11), "b".repeat(19));
+        assert_eq!(damaged.len(), 32);
+        std::fs::write(dir.path().join("instance-id"), damaged).unwrap();
         let id = holder_id(dir.path()).unwrap();
         assert_eq!(holder_id(dir.path()).unwrap(), id);
     }
