@@ -5,7 +5,10 @@
 //! single-node server over http or https ([`MinioServer`]) or a 4-process
 //! erasure-coded cluster whose nodes can be killed and restarted
 //! ([`MinioCluster`]), creating buckets, and the environment a client process
-//! needs to reach them ([`MinioServer::client_env`]).
+//! needs to reach them ([`MinioServer::client_env`]). [`LatencyProxy`] puts
+//! latency between a client and such a server (and the
+//! `strata-latency-proxy` binary does for the benchmarks), so a store that
+//! answers in 0 ms can be measured as one that answers in 20.
 //!
 //! Harness failures panic with a message meant for the person reading the
 //! test output (MinIO's log tail, the curl error, the install command): a
@@ -17,6 +20,7 @@
 
 mod cluster;
 mod keeper;
+mod latency_proxy;
 mod node;
 mod pki;
 mod s3;
@@ -25,6 +29,7 @@ mod server;
 use std::path::PathBuf;
 
 pub use cluster::{MinioCluster, CLUSTER_PORTS, LOCK_PATH};
+pub use latency_proxy::{LatencyConfig, LatencyProxy, ProxyStats, Split};
 pub use pki::TestPki;
 pub use server::MinioServer;
 
