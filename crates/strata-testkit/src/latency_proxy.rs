@@ -393,35 +393,45 @@ impl Direction {
             changed: Condvar::new(),
             cap,
         });
-        let reader = {
+        // The writer first: once it runs, an Abort ends it if the reader
+        // cannot start.
+        let writer = {
             let (line, from, to, guard) = (
                 line.clone(),
                 self.from.clone(),
                 self.to.clone(),
                 guard.clone(),
             );
-            let delays = self.delays;
-            move || read_side(&line, &from, &to, delays, start, &guard)
-        };
-        thread::Builder::new()
-            .name(format!("latency-proxy-{name}-read"))
-            .stack_size(THREAD_STACK)
-            .spawn(reader)?;
-        let guard = guard.clone();
-        let (from, to, to_upstream) = (self.from, self.to, self.to_upstream);
-        let writer = move || {
-            let c = &guard.shared.counters;
-            let counter = if to_upstream {
-                &c.to_upstream
-            } else {
-                &c.to_client
-            };
-            write_side(&line, &from, &to, counter, &guard);
+            let to_upstream = self.to_upstream;
+            move || {
+                let c = &guard.shared.counters;
+                let counter = if to_upstream {
+                    &c.to_upstream
+                } else {
+                    &c.to_client
+                };
+                write_side(&line, &from, &to, counter, &guard);
+            }
         };
         thread::Builder::new()
             .name(format!("latency-proxy-{name}-write"))
             .stack_size(THREAD_STACK)
             .spawn(writer)?;
+        let reader = {
+            let (line, guard, delays) = (line.clone(), guard.clone(), self.delays);
+            move || read_side(&line, &self.from, &self.to, delays, start, &guard)
+        };
+        let spawned = thread::Builder::new()
+            .name(format!("latency-proxy-{name}-read"))
+            .stack_size(THREAD_STACK)
+            .spawn(reader);
+        if let Err(e) = spawned {
+            line.push(Chunk {
+                due: Instant::now(),
+                item: Item::Abort,
+            });
+            return Err(e);
+        }
         Ok(())
     }
 }
@@ -585,8 +595,9 @@ fn read_side(
     _guard: &ConnGuard,
 ) {
     let mut buf = vec![0u8; READ_SIZE];
-    // Due time of the last chunk queued, and the delay of the current burst.
-    let mut last_due = start;
+    // Due time of the last chunk queued (none yet), and the delay of the
+    // current burst.
+    let mut last_due: Option<Instant> = None;
     let mut delay = Duration::ZERO;
     loop {
         let (item, n) = match (&*from).read(&mut buf) {
@@ -596,12 +607,17 @@ fn read_side(
             Err(_) => (Item::Abort, 0),
         };
         let now = Instant::now();
-        if now >= last_due {
-            // The line is idle: a new burst, a new delay.
-            delay = delays.draw();
-        }
-        let due = last_due.max(now + delay);
-        last_due = due;
+        let due = match last_due {
+            // The line is still busy: the same burst, after what is queued.
+            Some(prev) if now < prev => prev.max(now + delay),
+            // The line is idle: a new burst, a new delay (the first one
+            // after the connection's set-up delay).
+            _ => {
+                delay = delays.draw();
+                now.max(start) + delay
+            }
+        };
+        last_due = Some(due);
         let end = n == 0;
         if !line.push(Chunk { due, item }) {
             // The writer failed and closed both sockets.

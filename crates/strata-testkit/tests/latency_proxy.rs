@@ -561,3 +561,67 @@ fn s3_requests_to_minio_work_through_the_proxy() {
     assert!(s.bytes_to_upstream >= data.len() as u64, "{s:?}");
     assert!(s.bytes_to_client >= data.len() as u64, "{s:?}");
 }
+
+#[test]
+fn the_connect_delay_comes_before_the_first_burst_only() {
+    let upstream = echo_server();
+    let cfg = LatencyConfig {
+        connect_ms: 60,
+        ..LatencyConfig::new(20, 0)
+    };
+    let proxy = LatencyProxy::start(upstream, cfg).unwrap();
+    let rtts = ping_pong(&proxy, 3, 10);
+    assert!(rtts[0] >= Duration::from_millis(80), "{rtts:?}");
+    assert!(
+        rtts[1..].iter().all(|r| *r >= Duration::from_millis(20)),
+        "{rtts:?}"
+    );
+}
+
+#[test]
+fn a_stalled_receiver_stops_the_sender_without_losing_bytes() {
+    // The upstream reads nothing until told, then everything.
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Arc::new(std::sync::Mutex::new(go_rx));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let upstream = serve(move |c| {
+        go_rx.lock().unwrap().recv().unwrap();
+        done_tx.send(drain(&c)).unwrap();
+    });
+    let cfg = LatencyConfig {
+        queue_bytes: 1 << 20,
+        ..LatencyConfig::new(1, 0)
+    };
+    let proxy = LatencyProxy::start(upstream, cfg).unwrap();
+    let mut c = TcpStream::connect(proxy.addr()).unwrap();
+    c.set_nonblocking(true).unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    let mut sent = 0usize;
+    let mut blocked_since: Option<Instant> = None;
+    // Write until the writes have been refused for half a second.
+    loop {
+        match c.write(&chunk) {
+            Ok(n) => {
+                sent += n;
+                blocked_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let since = *blocked_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(500) {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("write: {e}"),
+        }
+        assert!(sent < 256 << 20, "no back pressure: {sent} bytes accepted");
+    }
+    // The 1 MiB queue plus the kernel's socket buffers on both hops; far
+    // below what an unbounded queue would have taken.
+    assert!(sent < 64 << 20, "{sent} bytes accepted while nobody read");
+    go_tx.send(()).unwrap();
+    c.set_nonblocking(false).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let (got, _) = done_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert_eq!(got, sent, "bytes lost");
+}
