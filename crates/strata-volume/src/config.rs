@@ -76,6 +76,63 @@ pub struct VolumeConfig {
     /// The user's key (`at_rest/`): opens encrypted volumes, and volumes
     /// created while it is set are encrypted under it.
     pub key: Option<Arc<Key>>,
+    /// Background hydration of volumes whose data is not local.
+    pub hydrate: HydrateConfig,
+}
+
+/// When a volume's stored data is fetched into the disk cache in the
+/// background (`volume/hydrate.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HydrateMode {
+    /// Every volume opened on a remote store with a disk cache.
+    On,
+    Off,
+    /// Clones, and volumes this data directory did not write (no journal
+    /// of theirs here when opened): the cold cases.
+    Auto,
+}
+
+impl HydrateMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HydrateMode::On => "on",
+            HydrateMode::Off => "off",
+            HydrateMode::Auto => "auto",
+        }
+    }
+}
+
+impl std::str::FromStr for HydrateMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "on" => Ok(HydrateMode::On),
+            "off" => Ok(HydrateMode::Off),
+            "auto" => Ok(HydrateMode::Auto),
+            _ => Err(format!("hydrate mode must be on, off or auto (got {s:?})")),
+        }
+    }
+}
+
+/// Hydration settings; the defaults need no tuning.
+#[derive(Debug, Clone, Copy)]
+pub struct HydrateConfig {
+    pub mode: HydrateMode,
+    /// Server-wide bandwidth of hydration GETs, bytes per second; 0: no
+    /// limit (hydration still takes at most 8 of the store's request
+    /// slots, so clients' reads go first).
+    pub rate_bytes_per_sec: u64,
+}
+
+/// Off for the engine: embedders and the engine's tests count store
+/// requests exactly. `strata serve` asks for `auto`.
+impl Default for HydrateConfig {
+    fn default() -> Self {
+        HydrateConfig {
+            mode: HydrateMode::Off,
+            rate_bytes_per_sec: 0,
+        }
+    }
 }
 
 /// Garbage collection settings. The defaults need no tuning: GC copies only
@@ -151,6 +208,7 @@ impl VolumeConfig {
             gc: GcConfig::default(),
             compression: Compression::Lz4,
             key: None,
+            hydrate: HydrateConfig::default(),
         }
     }
 

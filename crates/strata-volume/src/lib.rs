@@ -49,8 +49,8 @@ mod write;
 
 pub use at_rest::{generate_key_file, key_from_env, load_key_file, KEY_ENV};
 pub use config::{
-    auto_disk_cache_bytes, Durability, GcConfig, VolumeConfig, DEFAULT_LEASE_TTL_MS,
-    MIN_LEASE_TTL_MS,
+    auto_disk_cache_bytes, Durability, GcConfig, HydrateConfig, HydrateMode, VolumeConfig,
+    DEFAULT_LEASE_TTL_MS, MIN_LEASE_TTL_MS,
 };
 pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS};
 pub use engine::diffs::DiffSummary;
@@ -70,7 +70,8 @@ pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
 pub use ownership::{LeaseState, LeaseStats};
 pub use read::{
-    CacheStats, DiskCacheStats, ReadAheadStats, ReadPathStats, SharedCaches, StoreReadStats,
+    CacheStats, DiskCacheStats, HydrationState, HydrationStats, ReadAheadStats, ReadPathStats,
+    SharedCaches, StoreReadStats,
 };
 pub use snapshot::{
     split_export_name, Change, ChangeKind, ExportName, SnapshotView, MAX_CLONE_DEPTH,

@@ -596,4 +596,21 @@ pub struct Budgets {
     /// Segment uploads in flight per volume.
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub parallel_uploads: usize,
+
+    /// Fetch a volume's data from the store into the disk cache in the
+    /// background, in large GETs, until the volume is local (progress in
+    /// `strata volume info` and /metrics; a log line when done). Clients'
+    /// reads go first; hydration fills free cache space only, never
+    /// evicting, so a volume larger than the disk cache keeps what clients
+    /// use. `auto`: clones, and volumes opened on a host that did not
+    /// write them (no journal of theirs in this data dir). Needs a disk
+    /// cache and a remote store.
+    #[arg(long, value_enum, default_value_t = OnOffAuto::Auto)]
+    pub hydrate: OnOffAuto,
+
+    /// Bandwidth of hydration, server-wide, per second (e.g. 100MiB);
+    /// 0 = no limit (it still takes at most 8 of the store's request
+    /// slots).
+    #[arg(long, default_value = "0", value_name = "SIZE")]
+    pub hydrate_rate: String,
 }

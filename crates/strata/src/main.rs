@@ -21,7 +21,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Parser;
 use strata_store::{ErrorText, FaultConfig, LayerConfig, RetryPolicy, Store, StoreError};
-use strata_volume::{Durability, Engine, GcConfig, GcPassReport, VolumeConfig};
+use strata_volume::{
+    Durability, Engine, GcConfig, GcPassReport, HydrateConfig, HydrateMode, VolumeConfig,
+};
 
 use crate::cli::{
     Cli, Command, DurabilityArg, GcArgs, KeyCommand, LogFormat, OnOff, OnOffAuto, ServeArgs,
@@ -308,6 +310,14 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         )?;
         config.readahead_max_bytes = auto_size("--readahead", &b.readahead, remote, 8 * MIB)?;
         config.gc = gc_config(&args.gc, remote)?;
+        config.hydrate = HydrateConfig {
+            mode: match b.hydrate {
+                OnOffAuto::On => HydrateMode::On,
+                OnOffAuto::Off => HydrateMode::Off,
+                OnOffAuto::Auto => HydrateMode::Auto,
+            },
+            rate_bytes_per_sec: size_option("--hydrate-rate", &b.hydrate_rate)?,
+        };
     }
     if let Command::Volume(VolumeCommand::Gc { gc_grace_ms, .. }) = &cli.command {
         config.gc.grace_ms = *gc_grace_ms;
@@ -485,6 +495,7 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                     v.served_by.as_deref().unwrap_or("nobody")
                 );
                 print_space_info(&v);
+                print_hydration_info(&v);
                 print_history_info(&v);
             }
         }
@@ -574,13 +585,17 @@ async fn volume_info(engine: &Engine, name: &str) -> anyhow::Result<strata_volum
     let req = control::Request::Stats {
         volume: name.to_string(),
     };
-    let served_here = match control::ask(&engine.config().data_dir, &req).await {
-        Ok(Some(control::Reply::Ok(stats))) => stats["space"]["live_bytes"]
-            .as_u64()
-            .zip(stats["space"]["garbage_bytes"].as_u64()),
+    let stats = match control::ask(&engine.config().data_dir, &req).await {
+        Ok(Some(control::Reply::Ok(stats))) => Some(stats),
         _ => None,
     };
+    let served_here = stats.as_ref().and_then(|s| {
+        s["space"]["live_bytes"]
+            .as_u64()
+            .zip(s["space"]["garbage_bytes"].as_u64())
+    });
     let mut v = engine.volume_info_with(name, served_here.is_none()).await?;
+    v.hydration = stats.and_then(|s| serde_json::from_value(s["hydration"].clone()).ok());
     if let Some((live, garbage)) = served_here {
         v.live_bytes = Some(live);
         v.live_as_of = "the serving server".into();
@@ -626,6 +641,39 @@ fn print_space_info(v: &strata_volume::VolumeInfo) {
         ),
         None => println!("last GC:     none yet"),
     }
+}
+
+/// The hydration line of `volume info` (a volume served on this host).
+fn print_hydration_info(v: &strata_volume::VolumeInfo) {
+    use strata_volume::HydrationState as S;
+    let Some(h) = &v.hydration else { return };
+    let percent = (h.local_bytes * 100)
+        .checked_div(h.total_bytes)
+        .unwrap_or(100);
+    let local = format!(
+        "{} of {} local ({percent}%)",
+        format_size(h.local_bytes),
+        format_size(h.total_bytes)
+    );
+    let line = match h.state {
+        S::Off => format!("off ({})", h.mode),
+        S::Scanning => "measuring what to fetch".to_string(),
+        S::Running => format!(
+            "{local}, {}/s, {} to go",
+            format_size(h.rate_bytes_per_sec),
+            h.eta_seconds
+                .map_or("?".to_string(), |s| format!("about {s} s"))
+        ),
+        S::Done => format!(
+            "done: {local}, {} fetched in {} GETs, {:.1} s",
+            format_size(h.fetched_bytes),
+            h.gets,
+            h.elapsed_ms as f64 / 1000.0
+        ),
+        S::CacheFull => format!("stopped, the disk cache is full: {local}"),
+        S::Failed => format!("stopped by store errors: {local} (tried again at the next open)"),
+    };
+    println!("hydration:   {line}");
 }
 
 /// The snapshot lines of `volume info`.

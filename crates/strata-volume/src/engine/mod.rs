@@ -95,6 +95,9 @@ pub struct VolumeInfo {
     pub compression: String,
     /// For an encrypted volume: the fingerprint of the key that opens it.
     pub encryption_key_fingerprint: Option<String>,
+    /// Background hydration on the server of this host that serves the
+    /// volume (`None`: not served here).
+    pub hydration: Option<crate::read::HydrationStats>,
 }
 
 /// What `Engine::stats` reports (the `--stats-file` JSON).
@@ -271,6 +274,7 @@ impl Engine {
                 .map(|l| stored_bytes.saturating_sub(l)),
             compression: m.compression.clone().unwrap_or_else(|| "none".into()),
             encryption_key_fingerprint: m.encryption.as_ref().map(|e| e.key_fingerprint.clone()),
+            hydration: None,
             pending_deletions: m.pending_deletions.len() as u64,
             pending_bytes: m.pending_deletions.iter().map(|p| p.bytes).sum(),
             last_gc: m.last_gc,

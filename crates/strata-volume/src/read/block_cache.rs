@@ -152,6 +152,11 @@ pub struct DiskCacheStats {
     pub written_insertions: u64,
     /// ... and of data fetched from the store.
     pub fetched_insertions: u64,
+    /// ... and of data fetched by hydration (free slots only).
+    pub hydrated_insertions: u64,
+    /// Hydrated blocks not written because their set had no free slot:
+    /// hydration never evicts (the cache is as full as it may get).
+    pub hydration_skips: u64,
     pub evictions: u64,
     pub used_bytes: u64,
     pub budget_bytes: u64,
@@ -197,6 +202,8 @@ pub struct BlockCache {
     misses: AtomicU64,
     written_insertions: AtomicU64,
     fetched_insertions: AtomicU64,
+    hydrated_insertions: AtomicU64,
+    hydration_skips: AtomicU64,
     evictions: AtomicU64,
     restored_blocks: AtomicU64,
     verify_failures: AtomicU64,
@@ -297,6 +304,8 @@ impl BlockCache {
             misses: AtomicU64::new(0),
             written_insertions: AtomicU64::new(0),
             fetched_insertions: AtomicU64::new(0),
+            hydrated_insertions: AtomicU64::new(0),
+            hydration_skips: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             restored_blocks: AtomicU64::new(0),
             verify_failures: AtomicU64::new(0),
@@ -542,28 +551,63 @@ impl BlockCache {
     /// Writes a block of data written on this host (its segment is in the
     /// store): blocking `pwrite`s, run by the writer thread.
     pub fn insert_written(&self, key: &BlockKey, data: &[u8]) {
-        if self.insert(key, data) {
+        if self.insert(key, data, true) {
             self.written_insertions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Writes a verified block fetched from the store.
     pub fn insert_fetched(&self, key: &BlockKey, data: &[u8]) {
-        if self.insert(key, data) {
+        if self.insert(key, data, true) {
             self.fetched_insertions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
+    /// Writes a verified block fetched by hydration, into a free slot
+    /// only: hydration fills the cache, it never evicts what clients read
+    /// (a volume larger than the cache keeps what was used, not what
+    /// hydration fetched last). A block with no free slot is counted.
+    pub fn insert_hydrated(&self, key: &BlockKey, data: &[u8]) {
+        if self.insert(key, data, false) {
+            self.hydrated_insertions.fetch_add(1, Ordering::Relaxed);
+        } else if self.enabled() && !self.contains(key) {
+            self.hydration_skips.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `key` would find a free slot in its set now (hydration asks
+    /// before it fetches a block: a block with no room is not fetched,
+    /// and counted as skipped).
+    pub fn has_room_for(&self, key: &BlockKey) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let s = self.sets[self.set_of(key)].lock();
+        let taken = (s.valid | s.writing).count_ones() as usize;
+        if taken < self.ways {
+            return true;
+        }
+        drop(s);
+        self.hydration_skips.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Whether hydration could still add a block: some slot is free.
+    pub fn has_free_slots(&self) -> bool {
+        self.enabled() && self.used_slots.load(Ordering::Relaxed) < self.geometry.slot_count
+    }
+
     /// Empties the slot's entry, writes the data, then the entry. Does
-    /// nothing if the block is cached already or every slot of its set is
-    /// being written. A failed write switches the tier off.
-    fn insert(&self, key: &BlockKey, data: &[u8]) -> bool {
+    /// nothing if the block is cached already, every slot of its set is
+    /// being written, or (`evict` false) none is free. A failed write
+    /// switches the tier off.
+    fn insert(&self, key: &BlockKey, data: &[u8], evict: bool) -> bool {
         assert!(!data.is_empty() && data.len() as u64 <= BLOCK_BYTES);
         let Some(file) = &self.file else { return false };
         if !self.enabled() {
             return false;
         }
-        let Some((set, way)) = self.reserve(key) else {
+        let Some((set, way)) = self.reserve(key, evict) else {
             return false;
         };
         let slot = self.slot(set, way);
@@ -600,9 +644,10 @@ impl BlockCache {
         }
     }
 
-    /// Picks a slot for `key` (a free one, else a CLOCK victim) and marks it
-    /// being written; `None` if `key` is there already or nothing is free.
-    fn reserve(&self, key: &BlockKey) -> Option<(usize, usize)> {
+    /// Picks a slot for `key` (a free one, else, if `evict`, a CLOCK
+    /// victim) and marks it being written; `None` if `key` is there
+    /// already or nothing is free.
+    fn reserve(&self, key: &BlockKey, evict: bool) -> Option<(usize, usize)> {
         let set = self.set_of(key);
         let mut s = self.sets[set].lock();
         let taken = s.valid | s.writing;
@@ -618,10 +663,12 @@ impl BlockCache {
         let way = if free != 0 {
             self.used_slots.fetch_add(1, Ordering::Relaxed);
             free.trailing_zeros() as usize
-        } else {
+        } else if evict {
             let way = clock_victim(&mut s, self.ways)?;
             self.evictions.fetch_add(1, Ordering::Relaxed);
             way
+        } else {
+            return None;
         };
         let bit = 1u16 << way;
         s.valid &= !bit;
@@ -641,6 +688,8 @@ impl BlockCache {
             misses: load(&self.misses),
             written_insertions: load(&self.written_insertions),
             fetched_insertions: load(&self.fetched_insertions),
+            hydrated_insertions: load(&self.hydrated_insertions),
+            hydration_skips: load(&self.hydration_skips),
             evictions: load(&self.evictions),
             used_bytes,
             budget_bytes: self.budget_bytes,

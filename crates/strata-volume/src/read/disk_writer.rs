@@ -37,6 +37,18 @@ const MAX_WRITTEN_WAIT_MS: u64 = 2_000;
 /// written segment's buffer goes back to its volume's pool).
 pub(crate) type OnDone = Box<dyn FnOnce() + Send>;
 
+/// Where a batch's blocks come from: what decides how they enter the
+/// cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlockSource {
+    /// Written on this host (its segment now in the store).
+    Written,
+    /// Fetched by a client read or read-ahead (second-fetch admission).
+    Fetched,
+    /// Fetched by hydration: into free slots only, never evicting.
+    Hydrated,
+}
+
 /// Consecutive blocks of one segment, from `first_block` on; every block
 /// but the segment's last is whole.
 pub(crate) struct Blocks {
@@ -44,8 +56,7 @@ pub(crate) struct Blocks {
     pub seq: u64,
     pub first_block: u32,
     pub bytes: Bytes,
-    /// Written on this host (else fetched from the store).
-    pub written: bool,
+    pub source: BlockSource,
 }
 
 struct Batch {
@@ -148,6 +159,37 @@ impl DiskWriter {
         self.submit(blocks, on_done, job);
     }
 
+    /// Queues hydrated `blocks` once the queue is at most half full,
+    /// waiting as long as that takes: hydration runs at the speed the
+    /// cache disk takes, and leaves half the queue to written data and
+    /// client reads. Returns false (blocks dropped) when the tier is off.
+    pub(crate) async fn submit_hydrated(
+        &self,
+        blocks: Blocks,
+        on_done: OnDone,
+        job: BackgroundJob,
+    ) -> bool {
+        let bytes = blocks.bytes.len() as u64;
+        loop {
+            if !self.disk.enabled() {
+                finish(Batch::new(blocks, Some(on_done), job));
+                return false;
+            }
+            let freed = self.queue.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.queue.bytes.load(Ordering::Acquire) + bytes <= MAX_QUEUED_BYTES / 2
+                && self.queue.reserve(bytes)
+            {
+                self.send_reserved(Batch::new(blocks, Some(on_done), job), bytes);
+                return true;
+            }
+            // Woken when the writer finishes a batch; the timeout only
+            // guards against a wake-up lost to a race with `reserve`.
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(100), freed).await;
+        }
+    }
+
     /// Queues `blocks`, or drops them (counted) if the queue is full or the
     /// tier is off; `on_done` runs in either case once the bytes are
     /// released.
@@ -224,10 +266,10 @@ fn write_blocks(disk: &BlockCache, b: &Blocks) {
             seq: b.seq,
             block,
         };
-        if b.written {
-            disk.insert_written(&key, data);
-        } else {
-            disk.insert_fetched(&key, data);
+        match b.source {
+            BlockSource::Written => disk.insert_written(&key, data),
+            BlockSource::Fetched => disk.insert_fetched(&key, data),
+            BlockSource::Hydrated => disk.insert_hydrated(&key, data),
         }
     }
 }
@@ -253,7 +295,11 @@ mod tests {
                 seq,
                 first_block: 0,
                 bytes: segment.clone(),
-                written,
+                source: if written {
+                    BlockSource::Written
+                } else {
+                    BlockSource::Fetched
+                },
             };
             if written {
                 writer
@@ -282,7 +328,7 @@ mod tests {
             seq,
             first_block: 0,
             bytes: Bytes::from(vec![7u8; (MAX_QUEUED_BYTES / 2) as usize]),
-            written: true,
+            source: BlockSource::Written,
         };
         // The first batch's callback holds the writer thread.
         let (unblock, blocked) = std::sync::mpsc::channel::<()>();

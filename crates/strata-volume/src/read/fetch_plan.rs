@@ -18,6 +18,17 @@ pub const MAX_GET_BYTES: u64 = 8 << 20;
 pub(crate) type ChunkKey = ([u8; 16], u64, u64);
 pub(crate) type IndexKey = ([u8; 16], u64);
 
+/// Who a fetch is for: what happens to its bytes once verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FetchKind {
+    /// A client's read: the chunks asked for go to RAM.
+    Read,
+    /// Read-ahead of a sequential reader: the run is kept whole.
+    ReadAhead,
+    /// Hydration: kept whole until on disk, into free disk slots only.
+    Hydrate,
+}
+
 /// Verified bytes of consecutive chunks, from `first_chunk` on.
 #[derive(Clone)]
 pub(crate) struct RunBytes {

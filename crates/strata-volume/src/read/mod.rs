@@ -20,6 +20,8 @@
 //!       coalesced by fetch_plan.rs) -> verified -> RAM, disk (disk_writer.rs)
 //!  written data: segment uploaded -> disk (SharedCaches::insert_written)
 //!  read-ahead: readahead.rs (streams, windows) + prefetch.rs (fetching)
+//!  hydration: hydration.rs (a volume's stored blocks -> disk, in the
+//!     background; what and when: volume/hydrate.rs)
 //! ```
 
 mod background;
@@ -27,6 +29,8 @@ mod block_cache;
 mod disk_fill;
 mod disk_writer;
 mod fetch_plan;
+mod hydration;
+mod hydration_limits;
 mod inflight;
 mod key_hasher;
 mod prefetch;
@@ -40,6 +44,8 @@ mod volume_reader;
 pub use block_cache::DiskCacheStats;
 pub(crate) use disk_writer::OnDone;
 pub(crate) use fetch_plan::{stored_pieces_in, StoredPiece};
+pub(crate) use hydration::{hydrate_segment, Hydration};
+pub use hydration::{HydrationState, HydrationStats};
 pub(crate) use prefetch::{start_readahead, MAX_WINDOW_PIECES};
 pub use ram_cache::CacheStats;
 pub use readahead::ReadAheadStats;

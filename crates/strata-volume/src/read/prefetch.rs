@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::block_cache::BlockKey;
-use super::fetch_plan::{ChunkKey, RunBytes};
+use super::fetch_plan::{ChunkKey, FetchKind, RunBytes};
 use super::inflight::Claim;
 use super::shared_caches::SharedCaches;
 use super::volume_reader::VolumeReader;
@@ -113,7 +113,9 @@ async fn prefetch(caches: &SharedCaches, reader: &VolumeReader, plan: Vec<Segmen
             }
         };
         let results: Vec<_> = futures::stream::iter(runs)
-            .map(|(run, claim)| reader.fetch_run(caches, &idx, seq, run, claim, true))
+            .map(|(run, claim)| {
+                reader.fetch_run(caches, &idx, seq, run, claim, FetchKind::ReadAhead)
+            })
             .buffer_unordered(MAX_WINDOW_GETS)
             .collect()
             .await;

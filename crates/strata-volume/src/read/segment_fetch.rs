@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::fetch_plan::{ChunkKey, RunBytes};
+use super::fetch_plan::{ChunkKey, FetchKind, RunBytes};
 use super::inflight::Claim;
 use super::shared_caches::{block_aligned, index_cost_bytes, SharedCaches};
 use super::volume_reader::VolumeReader;
@@ -19,7 +19,8 @@ use crate::objects::{fetch_segment_header, store_error};
 
 impl VolumeReader {
     /// One ranged GET for chunks `run` (widened to whole disk-cache blocks
-    /// when that tier is on): verified, the chunks of `run` cached in RAM,
+    /// when that tier is on): verified, the chunks of `run` cached in RAM
+    /// (a client read) or the run kept whole (read-ahead, hydration),
     /// handed to the claim's waiters, then the blocks written to disk.
     pub(crate) async fn fetch_run(
         &self,
@@ -28,7 +29,7 @@ impl VolumeReader {
         seq: u64,
         run: Range<u64>,
         claim: Claim<ChunkKey, RunBytes>,
-        readahead: bool,
+        kind: FetchKind,
     ) -> Result<RunBytes, VolumeError> {
         let chunk_count = u64::from(idx.fixed.chunk_count);
         if run.is_empty() || run.end > chunk_count {
@@ -41,7 +42,7 @@ impl VolumeReader {
             run.clone()
         };
         let range = idx.chunk_range(get.start, get.end - 1);
-        let stored = self.get_range(caches, seq, range, readahead).await?;
+        let stored = self.get_range(caches, seq, range, kind).await?;
         let bytes = match idx.decode_run(get.start, &stored) {
             Ok(std::borrow::Cow::Borrowed(_)) => stored,
             Ok(std::borrow::Cow::Owned(decoded)) => Bytes::from(decoded),
@@ -51,14 +52,26 @@ impl VolumeReader {
             first_chunk: get.start,
             bytes,
         };
-        if readahead {
-            caches.prefetched.insert(self.uuid, seq, fetched.clone());
-        } else {
-            caches.insert_ram(self.uuid, seq, &fetched, &run);
+        match kind {
+            FetchKind::Read => caches.insert_ram(self.uuid, seq, &fetched, &run),
+            // Kept whole until readers take them or, for hydration, until
+            // the disk cache's writer has them on disk.
+            FetchKind::ReadAhead | FetchKind::Hydrate => {
+                caches.prefetched.insert(self.uuid, seq, fetched.clone())
+            }
         }
         claim.complete(fetched.clone());
         drop(claim);
-        caches.insert_fetched(self.volume_key, seq, &fetched, chunk_count);
+        match kind {
+            // Hydration hands its runs to the disk cache itself, and waits.
+            FetchKind::Hydrate => {}
+            _ => {
+                // A volume being hydrated caches what clients read at once:
+                // it is wanted on disk anyway.
+                let first_fetch = self.hydrating.load(Ordering::Relaxed) > 0;
+                caches.insert_fetched(self.volume_key, seq, &fetched, chunk_count, first_fetch)
+            }
+        }
         Ok(fetched)
     }
 
@@ -67,7 +80,7 @@ impl VolumeReader {
         caches: &SharedCaches,
         seq: u64,
         range: Range<u64>,
-        readahead: bool,
+        kind: FetchKind,
     ) -> Result<Bytes, VolumeError> {
         let path = self.names.segment(seq);
         let want = range.end - range.start;
@@ -82,8 +95,13 @@ impl VolumeReader {
         let got = bytes.len() as u64;
         c.data_get_bytes.fetch_add(got, Ordering::Relaxed);
         self.get_bytes.fetch_add(got, Ordering::Relaxed);
-        if readahead {
-            caches.readahead.count_prefetched(got);
+        match kind {
+            FetchKind::ReadAhead => caches.readahead.count_prefetched(got),
+            FetchKind::Hydrate => {
+                c.hydration_gets.fetch_add(1, Ordering::Relaxed);
+                c.hydration_get_bytes.fetch_add(got, Ordering::Relaxed);
+            }
+            FetchKind::Read => {}
         }
         if got != want {
             return Err(self.corrupt(seq, format!("short read: {got} of {want} bytes")));

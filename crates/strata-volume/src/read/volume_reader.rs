@@ -19,7 +19,7 @@ use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use strata_store::{ObjectNames, Store};
 
-use super::fetch_plan::{ChunkKey, RunBytes, SegmentChunks, StoredPiece};
+use super::fetch_plan::{ChunkKey, FetchKind, RunBytes, SegmentChunks, StoredPiece};
 use super::inflight::Claim;
 use super::readahead::Streams;
 use super::shared_caches::SharedCaches;
@@ -49,6 +49,10 @@ pub(crate) struct VolumeReader {
     pub get_bytes: AtomicU64,
     /// An encrypted volume's data key.
     pub data_key: Option<Arc<Key>>,
+    /// Hydration tasks reading through this reader (a volume's own, or its
+    /// clones' for an ancestor's segments): while any runs, what clients
+    /// fetch enters the disk cache on its first fetch.
+    pub hydrating: AtomicU64,
 }
 
 impl VolumeReader {
@@ -277,7 +281,7 @@ impl VolumeReader {
             let plan = caches.plan_fetch(self.uuid, seq, &chunks.numbers, &missing, round > 0);
             count_coalesced(caches, pieces, &plan.runs);
             let fetches = futures::stream::iter(plan.runs)
-                .map(|(run, claim)| self.fetch_run(caches, idx, seq, run, claim, false))
+                .map(|(run, claim)| self.fetch_run(caches, idx, seq, run, claim, FetchKind::Read))
                 .buffer_unordered(MAX_PARALLEL_GETS)
                 .try_collect::<Vec<RunBytes>>();
             let waits = futures::future::join_all(

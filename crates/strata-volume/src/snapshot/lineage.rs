@@ -64,6 +64,33 @@ impl Lineage {
         self.ancestors.len()
     }
 
+    /// The readers of every ancestor, oldest first.
+    pub fn ancestor_readers(
+        &self,
+        caches: &SharedCaches,
+        own: &Arc<VolumeReader>,
+    ) -> Vec<Arc<VolumeReader>> {
+        self.ancestors
+            .iter()
+            .map(|a| caches.reader(&a.name, a.uuid, &a.store, own.data_key.clone()))
+            .collect()
+    }
+
+    /// The reader of the volume that owns segment `seq` (`own` for the
+    /// volume's own segments).
+    pub fn reader_for(
+        &self,
+        caches: &SharedCaches,
+        own: &Arc<VolumeReader>,
+        seq: u64,
+    ) -> Arc<VolumeReader> {
+        match self.owner_of(seq) {
+            // A clone shares its ancestors' data key.
+            Some(a) => caches.reader(&a.name, a.uuid, &a.store, own.data_key.clone()),
+            None => own.clone(),
+        }
+    }
+
     /// Reads stored pieces, each through the reader of the volume that
     /// owns its segment.
     pub async fn read_pieces(

@@ -16,6 +16,8 @@
 //! - `checkpoint.rs`: checkpoints and the manifest that names them;
 //! - `tasks.rs`: lease renewal and the age sealer;
 //! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
+//! - `hydrate.rs`: stored data fetched into the disk cache in the
+//!   background (`read/hydration.rs` fetches);
 //! - `snapshot.rs`: snapshots: create, delete, roll back (`snapshot/`
 //!   holds the rules);
 //! - `snapshot_deltas.rs`: the chain of deltas from each snapshot to the
@@ -32,6 +34,7 @@ mod close;
 mod counters;
 mod flatten;
 mod gc;
+mod hydrate;
 mod open;
 mod read;
 mod resize;
@@ -54,7 +57,7 @@ use crate::error::VolumeError;
 use crate::gc::{GcCounters, GcStats, Unreferenced};
 pub use crate::map::Allocation;
 use crate::ownership::{LeaseStats, ManifestWriter, Ownership, WriteRefused};
-use crate::read::{CacheStats, SharedCaches};
+use crate::read::{CacheStats, Hydration, HydrationStats, SharedCaches};
 use crate::snapshot::Lineage;
 use crate::write::journal::Journal;
 use crate::write::state::{SpaceUsage, State};
@@ -98,6 +101,8 @@ pub struct VolumeStats {
     pub write_waits: Vec<WriteWaitStats>,
     pub lease: LeaseStats,
     pub snapshots: SnapshotStats,
+    /// Background hydration: how much of the volume is local.
+    pub hydration: HydrationStats,
 }
 
 /// A change of the whole map at a seal point (a rollback replaces it, a
@@ -157,6 +162,8 @@ pub struct Volume {
     /// waits for them, so nothing holds the volume (and the caches, whose
     /// disk file stays locked) after it returns.
     pub(crate) tasks_in_flight: AtomicU64,
+    /// Background hydration's progress (`hydrate.rs`).
+    pub(crate) hydration: Arc<Hydration>,
 }
 
 impl std::fmt::Debug for Volume {
@@ -268,6 +275,7 @@ impl Volume {
             write_waits: self.counters.write_waits(),
             lease: self.ownership.stats(),
             snapshots: self.counters.snapshots(self.manifest.snapshot_count()),
+            hydration: self.hydration.stats(),
         }
     }
 

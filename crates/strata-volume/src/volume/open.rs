@@ -9,13 +9,14 @@ use parking_lot::Mutex;
 use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
 
+use super::hydrate::hydration_mode;
 use super::Volume;
 use crate::at_rest::AtRest;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::gc::GcCounters;
 use crate::ownership::{take_ownership, ManifestWriter};
-use crate::read::SharedCaches;
+use crate::read::{Hydration, HydrationState, SharedCaches};
 use crate::recovery::recover;
 use crate::snapshot::resolve_lineage;
 
@@ -35,6 +36,9 @@ impl Volume {
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let data_key = at_rest.data_key().cloned();
         let inherited = resolve_lineage(&store, &manifest, true, data_key.as_deref()).await?;
+        // Before recovery creates it: no journal here means this host did
+        // not write the volume (a move, a new host), so its data is cold.
+        let journal_was_here = config.journal_path(name, &uuid).exists();
         let mut recovered = recover(
             &store,
             &config,
@@ -49,6 +53,18 @@ impl Volume {
         // A clone never writes, moves or deletes its ancestors' segments.
         recovered.state.pins.inherit_upto(lineage.base_seq());
         let size_bytes = manifest.size_bytes;
+        let (hydrate_mode, hydrate) = hydration_mode(
+            config.hydrate.mode,
+            store.is_local(),
+            caches.disk_enabled(),
+            lineage.depth() > 0,
+            journal_was_here,
+        );
+        let hydration_state = if hydrate {
+            HydrationState::Scanning
+        } else {
+            HydrationState::Off
+        };
         let vol = Arc::new(Volume {
             name: name.to_string(),
             uuid,
@@ -77,6 +93,7 @@ impl Volume {
             lineage,
             at_rest,
             tasks_in_flight: AtomicU64::new(0),
+            hydration: Arc::new(Hydration::new(hydrate_mode, hydration_state)),
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;
@@ -84,6 +101,7 @@ impl Volume {
         vol.start_age_sealer();
         vol.start_lease_renewal();
         vol.start_gc();
+        vol.start_hydration();
         tracing::info!(volume = %name, holder = %vol.ownership.holder, epoch = vol.ownership.epoch, replayed_records = recovered.replayed_records, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
         Ok(vol)
     }

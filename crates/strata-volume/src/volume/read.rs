@@ -43,7 +43,7 @@ impl Volume {
 
     /// Whether any of `seqs` is no longer stored (deleted by GC; an
     /// ancestor's segments are never deleted under a clone).
-    fn any_deleted(&self, seqs: &[u64]) -> bool {
+    pub(super) fn any_deleted(&self, seqs: &[u64]) -> bool {
         let base = self.lineage.base_seq();
         let st = self.state.lock();
         seqs.iter().any(|s| *s > base && !st.stored.contains_key(s))

@@ -1,0 +1,326 @@
+//! Hydration's mechanism: fetching the blocks a volume's stored pieces
+//! touch into the disk cache, in large ranged GETs, many in flight, within
+//! server-wide bounds; and each volume's progress.
+//!
+//! This file owns the per-volume progress (`Hydration`, reported as
+//! `HydrationStats`) and the fetch of one segment's missing blocks
+//! (`hydrate_segment`); the server-wide bounds are `hydration_limits.rs`. Which ranges
+//! to hydrate, in which order, and when to stop is `volume/hydrate.rs`.
+//!
+//! Bounds: at most `MAX_HYDRATION_GETS` GETs server-wide (of the store's 64
+//! request slots, so client reads always find room), each of at most
+//! `MAX_GET_BYTES`; fetched runs wait in read-ahead's kept runs (a byte
+//! budget) until the disk cache's writer has them, and the writer takes
+//! them only while its queue is at most half full. Blocks go into free
+//! slots only (`BlockCache::insert_hydrated`): hydration never evicts.
+//!
+//! Every byte is verified against its segment's CRC table before it is
+//! kept (`fetch_run`), as for any read; chunks being fetched by a client
+//! read are not fetched again (the flight table's claims).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::block_cache::{BlockKey, CHUNKS_PER_BLOCK};
+use super::fetch_plan::FetchKind;
+use super::hydration_limits::MAX_HYDRATION_GETS;
+use super::shared_caches::SharedCaches;
+use super::volume_reader::VolumeReader;
+use crate::error::VolumeError;
+use crate::format::segment::CHUNK_BYTES;
+
+/// Where a volume's hydration stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum HydrationState {
+    /// Not hydrating (`--hydrate off`, `auto` on a volume this host
+    /// wrote, no disk cache, or the embedded store).
+    Off = 0,
+    /// Measuring what the volume reads from the store.
+    Scanning = 1,
+    /// Fetching.
+    Running = 2,
+    /// Every stored byte of the volume is in the disk cache.
+    Done = 3,
+    /// Stopped: the disk cache has no free slot left (hydration never
+    /// evicts; a volume larger than the cache stays partly remote).
+    CacheFull = 4,
+    /// Stopped by errors (the store failing); clients' reads still work.
+    Failed = 5,
+}
+
+impl HydrationState {
+    fn from_u8(v: u8) -> HydrationState {
+        match v {
+            1 => HydrationState::Scanning,
+            2 => HydrationState::Running,
+            3 => HydrationState::Done,
+            4 => HydrationState::CacheFull,
+            5 => HydrationState::Failed,
+            _ => HydrationState::Off,
+        }
+    }
+}
+
+/// A volume's hydration, as `volume info` and `/metrics` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HydrationStats {
+    /// The mode asked for (`on`, `off`, `auto`) and why it runs or not.
+    pub mode: String,
+    pub state: HydrationState,
+    /// Bytes of the volume's data in stored segments (not in memory) ...
+    pub total_bytes: u64,
+    /// ... of which in the disk cache (local).
+    pub local_bytes: u64,
+    /// Bytes hydration fetched since the volume was opened, in GETs.
+    pub fetched_bytes: u64,
+    pub gets: u64,
+    /// Fetch rate since hydration started.
+    pub rate_bytes_per_sec: u64,
+    /// Seconds until local at that rate (while running).
+    pub eta_seconds: Option<u64>,
+    /// Since the volume was opened, until done or stopped.
+    pub elapsed_ms: u64,
+}
+
+/// One volume's hydration progress. Cheap atomics: the task writes, stats
+/// read.
+pub(crate) struct Hydration {
+    pub mode: String,
+    state: AtomicU8,
+    pub total_bytes: AtomicU64,
+    pub local_bytes: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    pub gets: AtomicU64,
+    started: Instant,
+    /// When the state became final (done, cache full, failed).
+    finished: Mutex<Option<Instant>>,
+}
+
+impl Hydration {
+    pub fn new(mode: String, state: HydrationState) -> Hydration {
+        Hydration {
+            mode,
+            state: AtomicU8::new(state as u8),
+            total_bytes: AtomicU64::new(0),
+            local_bytes: AtomicU64::new(0),
+            fetched_bytes: AtomicU64::new(0),
+            gets: AtomicU64::new(0),
+            started: Instant::now(),
+            finished: Mutex::new(None),
+        }
+    }
+
+    pub fn state(&self) -> HydrationState {
+        HydrationState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub fn set_state(&self, state: HydrationState) {
+        self.state.store(state as u8, Ordering::Release);
+        if matches!(
+            state,
+            HydrationState::Done | HydrationState::CacheFull | HydrationState::Failed
+        ) {
+            self.finished.lock().get_or_insert_with(Instant::now);
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.finished
+            .lock()
+            .unwrap_or_else(Instant::now)
+            .duration_since(self.started)
+    }
+
+    pub fn stats(&self) -> HydrationStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let state = self.state();
+        let elapsed = self.elapsed();
+        let fetched = load(&self.fetched_bytes);
+        let rate = if elapsed.as_millis() > 0 {
+            (fetched as u128 * 1000 / elapsed.as_millis()) as u64
+        } else {
+            0
+        };
+        let (total, local) = (load(&self.total_bytes), load(&self.local_bytes));
+        let eta_seconds = match state {
+            HydrationState::Running | HydrationState::Scanning if rate > 0 => {
+                Some(total.saturating_sub(local) / rate)
+            }
+            _ => None,
+        };
+        HydrationStats {
+            mode: self.mode.clone(),
+            state,
+            total_bytes: total,
+            local_bytes: local.min(total),
+            fetched_bytes: fetched,
+            gets: load(&self.gets),
+            rate_bytes_per_sec: rate,
+            eta_seconds,
+            elapsed_ms: elapsed.as_millis() as u64,
+        }
+    }
+}
+
+/// What hydrating one segment's pieces found and did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SegmentOutcome {
+    /// Bytes of the pieces local after the fetch.
+    pub local_bytes: u64,
+    /// Bytes of the pieces still not local (cache full, a failed GET).
+    pub remote_bytes: u64,
+}
+
+/// Fetches into the disk cache the blocks of segment `seq` that `pieces`
+/// (`(segment offset, len)`, of logical data) touch and the cache lacks;
+/// through `reader`, the reader of the volume that owns the segment.
+/// Returns how much of the pieces is local afterwards. A GET that fails
+/// is an error for the caller to count; nothing is cached from it.
+pub(crate) async fn hydrate_segment(
+    caches: &SharedCaches,
+    reader: &VolumeReader,
+    seq: u64,
+    pieces: &[(u64, u64)],
+    progress: &Hydration,
+) -> Result<SegmentOutcome, VolumeError> {
+    let key = |block: u64| BlockKey {
+        volume_key: reader.volume_key,
+        seq,
+        block: u32::try_from(block).unwrap_or(u32::MAX),
+    };
+    let blocks_of = |&(offset, len): &(u64, u64)| {
+        let chunk_bytes = CHUNK_BYTES * CHUNKS_PER_BLOCK;
+        offset / chunk_bytes..=(offset + len.max(1) - 1) / chunk_bytes
+    };
+    let mut missing: Vec<u64> = pieces
+        .iter()
+        .flat_map(blocks_of)
+        .filter(|&b| !caches.disk.contains(&key(b)) && caches.disk.has_room_for(&key(b)))
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    // Blocks others fetched (a client read, another clone's hydration) go
+    // to disk through them: counted as local. Ours are on disk, or not
+    // (no free slot after all), once `fetch_blocks` returns.
+    let mut theirs: Vec<u64> = Vec::new();
+    if !missing.is_empty() {
+        theirs = fetch_blocks(caches, reader, seq, &missing, progress).await?;
+    }
+    let local = |b: u64| theirs.binary_search(&b).is_ok() || caches.disk.contains(&key(b));
+    let mut out = SegmentOutcome::default();
+    for p in pieces {
+        if blocks_of(p).all(local) {
+            out.local_bytes += p.1;
+        } else {
+            out.remote_bytes += p.1;
+        }
+    }
+    Ok(out)
+}
+
+/// Claims and fetches the chunks of `blocks` (sorted, distinct), coalesced
+/// into GETs of up to `MAX_GET_BYTES`, each under a server-wide slot and
+/// the rate limit, and waits until the disk cache's writer is done with
+/// them. Returns the blocks others were fetching (waited for), sorted.
+async fn fetch_blocks(
+    caches: &SharedCaches,
+    reader: &VolumeReader,
+    seq: u64,
+    blocks: &[u64],
+    progress: &Hydration,
+) -> Result<Vec<u64>, VolumeError> {
+    let idx = reader.segment_index(caches, seq).await?;
+    let chunk_count = u64::from(idx.fixed.chunk_count);
+    let numbers: Vec<u64> = blocks
+        .iter()
+        .flat_map(|&b| b * CHUNKS_PER_BLOCK..((b + 1) * CHUNKS_PER_BLOCK).min(chunk_count))
+        .collect();
+    let all: Vec<usize> = (0..numbers.len()).collect();
+    // Chunks a client read is fetching come back as waits: not ours. No
+    // gaps: what lies between missing blocks is local already.
+    let plan = caches.plan_fetch_with_gap(reader.uuid, seq, &numbers, &all, false, 0);
+    let fetches = futures::stream::iter(plan.runs).map(|(run, claim)| {
+        let idx = idx.clone();
+        async move {
+            let _slot = caches
+                .hydration_slots
+                .acquire()
+                .await
+                .map_err(|_| VolumeError::Invalid("hydration stopped".into()))?;
+            let stored = idx.chunk_range(run.start, run.end - 1);
+            caches.hydration_rate.take(stored.end - stored.start).await;
+            let fetched = reader
+                .fetch_run(caches, &idx, seq, run, claim, FetchKind::Hydrate)
+                .await?;
+            progress.gets.fetch_add(1, Ordering::Relaxed);
+            progress
+                .fetched_bytes
+                .fetch_add(fetched.bytes.len() as u64, Ordering::Relaxed);
+            let written = caches
+                .insert_hydrated(reader.volume_key, seq, &fetched)
+                .await;
+            Ok::<_, VolumeError>(written)
+        }
+    });
+    let waits = futures::future::join_all(plan.waits.into_iter().map(|(_, w)| w.value()));
+    let (results, waited) = futures::future::join(
+        fetches
+            .buffer_unordered(MAX_HYDRATION_GETS)
+            .collect::<Vec<_>>(),
+        waits,
+    )
+    .await;
+    let mut first_error = None;
+    for r in results {
+        match r {
+            // Dropped unsent only when the tier went off: nothing to wait for.
+            Ok(written) => drop(written.await),
+            Err(e) => first_error = first_error.or(Some(e)),
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let mut theirs: Vec<u64> = waited
+        .into_iter()
+        .flatten()
+        .flat_map(|run| {
+            let first = run.first_chunk / CHUNKS_PER_BLOCK;
+            let chunks = (run.bytes.len() as u64).div_ceil(CHUNK_BYTES);
+            first..first + chunks.div_ceil(CHUNKS_PER_BLOCK)
+        })
+        .collect();
+    theirs.sort_unstable();
+    theirs.dedup();
+    Ok(theirs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_report_rate_and_eta_only_while_running() {
+        let h = Hydration::new("on".into(), HydrationState::Running);
+        h.total_bytes.store(100 << 20, Ordering::Relaxed);
+        h.local_bytes.store(50 << 20, Ordering::Relaxed);
+        h.fetched_bytes.store(50 << 20, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        let s = h.stats();
+        assert!(s.rate_bytes_per_sec > 0);
+        assert!(s.eta_seconds.is_some());
+        h.set_state(HydrationState::Done);
+        let s = h.stats();
+        assert_eq!(s.state, HydrationState::Done);
+        assert_eq!(s.eta_seconds, None);
+        let frozen = s.elapsed_ms;
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(h.stats().elapsed_ms, frozen, "elapsed stops when done");
+    }
+}

@@ -1,0 +1,343 @@
+//! Hydration of one volume: fetching its stored data into the disk cache
+//! in the background until the volume is local (`read/hydration.rs` does
+//! the fetching and keeps the progress).
+//!
+//! Whether it runs is decided at open (`hydration_mode`): `--hydrate on`,
+//! or `auto` for a clone or a volume this data directory has no journal of
+//! (a host that did not write it); never without a disk cache or on the
+//! embedded store (its data is a local file already).
+//!
+//! Two passes over the volume's address space, in windows looked up in the
+//! extent map under the lock (no I/O under it, at most
+//! `MAX_WINDOW_PIECES` pieces each): the first adds up the stored bytes
+//! (the total `volume info` shows), the second fetches, window by window,
+//! what the disk cache lacks, `SEGMENTS_IN_FLIGHT` segments at a time,
+//! each segment's pieces through the reader of the volume that owns it (a
+//! clone's ancestors': clones of one image on one host share its blocks,
+//! so the second clone finds them local). Data in memory (open, sealed,
+//! settling segments) is local already and not counted.
+//!
+//! Restarts: the disk cache survives them, so a restarted hydration finds
+//! what is local with no GET and fetches the rest. It stops when the
+//! volume closes or is fenced, when the disk cache has no free slot left
+//! (it never evicts), or after `MAX_FAILED_WINDOWS` windows in a row fail.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use futures::StreamExt;
+
+use super::Volume;
+use crate::config::HydrateMode;
+use crate::map::Target;
+use crate::read::{hydrate_segment, Hydration, HydrationState, SharedCaches, VolumeReader};
+
+/// Volume address space one window covers at most.
+const WINDOW_BYTES: u64 = 256 << 20;
+/// Stored pieces one window collects at most (the lock is held that long).
+const MAX_WINDOW_PIECES: usize = 16_384;
+/// Segments of one window hydrated at once (their GETs share the
+/// server-wide hydration slots).
+const SEGMENTS_IN_FLIGHT: usize = 8;
+/// Windows in a row whose every segment failed before hydration gives up
+/// (until the volume is opened again).
+const MAX_FAILED_WINDOWS: u32 = 4;
+
+/// One window's stored pieces, `(seq, segment offset, len)`, and where
+/// the next window starts.
+type Window = (Vec<(u64, u64, u64)>, u64);
+
+/// Why hydration runs for a volume, or why not (`None`: it does not).
+pub(crate) fn hydration_mode(
+    mode: HydrateMode,
+    store_is_local: bool,
+    disk_cache_on: bool,
+    is_clone: bool,
+    journal_was_here: bool,
+) -> (String, bool) {
+    let name = mode.as_str();
+    match mode {
+        HydrateMode::Off => ("off".into(), false),
+        _ if store_is_local => (format!("{name}: the store is a local directory"), false),
+        _ if !disk_cache_on => (format!("{name}: no disk cache"), false),
+        HydrateMode::On => ("on".into(), true),
+        HydrateMode::Auto if is_clone => ("auto: a clone".into(), true),
+        HydrateMode::Auto if !journal_was_here => ("auto: first open on this host".into(), true),
+        HydrateMode::Auto => ("auto: written on this host".into(), false),
+    }
+}
+
+impl Volume {
+    /// Starts hydrating in the background if `self.hydration` says so.
+    pub(crate) fn start_hydration(self: &Arc<Self>) {
+        if self.hydration.state() == HydrationState::Off {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move { hydrate(weak).await });
+    }
+
+    fn hydration_should_stop(&self) -> bool {
+        self.closed.load(Ordering::Acquire) || self.ownership.fenced().is_some()
+    }
+
+    /// The stored pieces of the window starting at `start`, not in memory.
+    fn hydration_window(&self, start: u64) -> Window {
+        let size = self.size_bytes();
+        let len = WINDOW_BYTES.min(size.saturating_sub(start));
+        let mut pieces = Vec::new();
+        let mut next = start + len;
+        let st = self.state.lock();
+        st.map.lookup(start, len, |p| {
+            let Some(Target::Data { seq, offset }) = p.target else {
+                return;
+            };
+            if pieces.len() >= MAX_WINDOW_PIECES {
+                return;
+            }
+            let in_memory = seq == st.open.seq
+                || st.sealed.contains_key(&seq)
+                || st.settling.contains_key(&seq);
+            if !in_memory {
+                pieces.push((seq, offset, p.len));
+                if pieces.len() == MAX_WINDOW_PIECES {
+                    next = p.start + p.len;
+                }
+            }
+        });
+        (pieces, next)
+    }
+
+    /// The readers hydration fetches through: the volume's and its
+    /// ancestors'.
+    fn hydration_readers(&self) -> Vec<Arc<VolumeReader>> {
+        let own = self.reader();
+        let mut readers = self.lineage.ancestor_readers(&self.caches, &own);
+        readers.push(own);
+        readers
+    }
+}
+
+/// Marks readers as hydrating while alive: their clients' fetches enter
+/// the disk cache on the first fetch.
+struct Hydrating(Vec<Arc<VolumeReader>>);
+
+impl Hydrating {
+    fn new(readers: Vec<Arc<VolumeReader>>) -> Hydrating {
+        for r in &readers {
+            r.hydrating.fetch_add(1, Ordering::Relaxed);
+        }
+        Hydrating(readers)
+    }
+}
+
+impl Drop for Hydrating {
+    fn drop(&mut self) {
+        for r in &self.0 {
+            r.hydrating.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn hydrate(weak: Weak<Volume>) {
+    let Some(vol) = weak.upgrade() else { return };
+    let h = vol.hydration.clone();
+    let _marks = Hydrating::new(vol.hydration_readers());
+    drop(vol);
+    let Some(total) = measure(&weak).await else {
+        return;
+    };
+    h.total_bytes.store(total, Ordering::Relaxed);
+    h.set_state(HydrationState::Running);
+    let rate = weak
+        .upgrade()
+        .map_or(0, |v| v.caches.hydration_rate.bytes_per_sec());
+    tracing::info!(volume = %name_of(&weak), mode = %h.mode, total_bytes = total, rate_limit_bytes_per_sec = rate, "hydrating: fetching the volume's data into the disk cache");
+    let outcome = fetch_all(&weak, &h).await;
+    let Some(vol) = weak.upgrade() else { return };
+    let Some(Outcome {
+        local,
+        remote,
+        failed,
+    }) = outcome
+    else {
+        return;
+    };
+    h.total_bytes.store(local + remote, Ordering::Relaxed);
+    h.local_bytes.store(local, Ordering::Relaxed);
+    let s = h.stats();
+    let elapsed_ms = h.elapsed().as_millis() as u64;
+    if remote == 0 {
+        h.set_state(HydrationState::Done);
+        tracing::info!(volume = %vol.name, local_bytes = local, fetched_bytes = s.fetched_bytes, gets = s.gets, elapsed_ms, "volume is local: every stored byte is in the disk cache");
+    } else if failed {
+        h.set_state(HydrationState::Failed);
+        tracing::warn!(volume = %vol.name, local_bytes = local, remote_bytes = remote, "hydration stopped before the volume was local (store errors); reads still go to the store, and the next open tries again");
+    } else {
+        h.set_state(HydrationState::CacheFull);
+        tracing::info!(volume = %vol.name, local_bytes = local, remote_bytes = remote, "hydration stopped: the disk cache has no free room for the rest (hydration never evicts; a larger --disk-cache-size holds the whole volume)");
+    }
+}
+
+fn name_of(weak: &Weak<Volume>) -> String {
+    weak.upgrade().map(|v| v.name.clone()).unwrap_or_default()
+}
+
+/// Pass 1: the stored bytes of the volume. `None`: the volume closed.
+async fn measure(weak: &Weak<Volume>) -> Option<u64> {
+    let mut total = 0u64;
+    let mut at = 0u64;
+    loop {
+        let vol = weak.upgrade()?;
+        if vol.hydration_should_stop() {
+            return None;
+        }
+        let (pieces, next) = vol.hydration_window(at);
+        total += pieces.iter().map(|p| p.2).sum::<u64>();
+        if next >= vol.size_bytes() || next <= at {
+            return Some(total);
+        }
+        at = next;
+        drop(vol);
+        // Other tasks run between windows (a window holds the lock).
+        tokio::task::yield_now().await;
+    }
+}
+
+/// What pass 2 found: bytes local and not, and whether a store error
+/// (rather than a full cache) left some not local.
+struct Outcome {
+    local: u64,
+    remote: u64,
+    failed: bool,
+}
+
+/// Pass 2: every window fetched, or `None` when the volume closed or was
+/// fenced.
+async fn fetch_all(weak: &Weak<Volume>, h: &Arc<Hydration>) -> Option<Outcome> {
+    let (mut local, mut remote) = (0u64, 0u64);
+    let mut failed_windows = 0u32;
+    let mut failed = false;
+    let mut at = 0u64;
+    loop {
+        let vol = weak.upgrade()?;
+        if vol.hydration_should_stop() {
+            return None;
+        }
+        let (pieces, next) = vol.hydration_window(at);
+        let w = hydrate_window(&vol, h, pieces).await;
+        local += w.local;
+        remote += w.remote;
+        failed |= w.failed;
+        h.local_bytes.store(local, Ordering::Relaxed);
+        failed_windows = if w.all_failed { failed_windows + 1 } else { 0 };
+        if failed_windows >= MAX_FAILED_WINDOWS || !vol.caches.disk.has_free_slots() {
+            // What was not visited counts as remote.
+            let total = h.total_bytes.load(Ordering::Relaxed);
+            let remote = total.saturating_sub(local).max(remote);
+            return Some(Outcome {
+                local,
+                remote,
+                failed,
+            });
+        }
+        if next >= vol.size_bytes() || next <= at {
+            return Some(Outcome {
+                local,
+                remote,
+                failed,
+            });
+        }
+        at = next;
+    }
+}
+
+/// What one window's hydration found.
+struct WindowOutcome {
+    local: u64,
+    remote: u64,
+    /// Some segment failed ...
+    failed: bool,
+    /// ... or every one did.
+    all_failed: bool,
+}
+
+/// One window: its pieces grouped by segment, each segment's missing
+/// blocks fetched.
+async fn hydrate_window(
+    vol: &Arc<Volume>,
+    h: &Hydration,
+    pieces: Vec<(u64, u64, u64)>,
+) -> WindowOutcome {
+    let mut by_seq: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    for (seq, offset, len) in pieces {
+        by_seq.entry(seq).or_default().push((offset, len));
+    }
+    let segments = by_seq.len();
+    let own = vol.reader();
+    let caches: &SharedCaches = &vol.caches;
+    let jobs = by_seq.into_iter().map(|(seq, pieces)| {
+        let reader = vol.lineage.reader_for(caches, &own, seq);
+        async move {
+            let bytes: u64 = pieces.iter().map(|p| p.1).sum();
+            let result = hydrate_segment(caches, &reader, seq, &pieces, h).await;
+            (seq, bytes, result)
+        }
+    });
+    let results: Vec<_> = futures::stream::iter(jobs)
+        .buffer_unordered(SEGMENTS_IN_FLIGHT)
+        .collect()
+        .await;
+    let (mut local, mut remote, mut failures) = (0, 0, 0);
+    for (seq, bytes, result) in results {
+        match result {
+            Ok(o) => {
+                local += o.local_bytes;
+                remote += o.remote_bytes;
+            }
+            // GC moved the data and deleted the segment: the copy is in a
+            // segment this volume wrote, local once uploaded.
+            Err(_) if vol.any_deleted(&[seq]) => {}
+            Err(e) => {
+                failures += 1;
+                remote += bytes;
+                tracing::debug!(volume = %vol.name, seq, error = %strata_store::ErrorText(&e), "hydration of a segment failed");
+            }
+        }
+    }
+    WindowOutcome {
+        local,
+        remote,
+        failed: failures > 0,
+        all_failed: segments > 0 && failures == segments,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_hydrates_clones_and_volumes_new_here_only() {
+        let m =
+            |mode, local, disk, clone, journal| hydration_mode(mode, local, disk, clone, journal).1;
+        assert!(m(HydrateMode::Auto, false, true, true, true));
+        assert!(m(HydrateMode::Auto, false, true, false, false));
+        assert!(!m(HydrateMode::Auto, false, true, false, true));
+        assert!(m(HydrateMode::On, false, true, false, true));
+        assert!(!m(HydrateMode::Off, false, true, true, false));
+        assert!(
+            !m(HydrateMode::On, true, true, true, false),
+            "embedded store"
+        );
+        assert!(
+            !m(HydrateMode::On, false, false, true, false),
+            "no disk cache"
+        );
+        assert_eq!(
+            hydration_mode(HydrateMode::Auto, false, true, false, true).0,
+            "auto: written on this host"
+        );
+    }
+}

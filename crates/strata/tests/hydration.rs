@@ -1,0 +1,295 @@
+//! Background hydration against real MinIO and qemu-io: a clone opened on
+//! a new host fetches its image's data into the disk cache until it is
+//! local, then reads send no GET; kill -9 during hydration and a restart
+//! resume without fetching again what is local; a disk cache smaller than
+//! the volume keeps what clients read (hydration never evicts); `--hydrate
+//! off` fetches nothing; `volume info` shows the progress.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::clients::{qemu_io, qemu_io_verify};
+use common::*;
+
+const VOL: u64 = 64 * MIB;
+const BLOCK: u64 = 64 << 10;
+
+fn args<'a>(stats: &'a str, cache: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    // Stored as is: the rate limit counts stored bytes, and the test
+    // patterns would compress to nothing.
+    let mut a = vec![
+        "--compression",
+        "none",
+        "--segment-size",
+        "4MiB",
+        "--gc",
+        "off",
+        "--disk-cache-size",
+        cache,
+        "--stats-interval-ms",
+        "100",
+        "--stats-file",
+        stats,
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+fn write(server: &Server, export: &str, cmds: &[&str]) {
+    let mut all: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
+    all.push("flush".into());
+    let out = qemu_io(&server.uri(export), &all);
+    assert!(out.status.success(), "{export}: {}", stderr_str(&out));
+}
+
+/// The image: 48 MiB in six patterns, snapshotted as base@gold, cloned as
+/// `clone`; the clone overwrites 1 MiB of its own.
+fn make_image(server: &Server) {
+    write(
+        server,
+        "base",
+        &[
+            "write -P 0x11 0 8M",
+            "write -P 0x22 8M 8M",
+            "write -P 0x33 16M 8M",
+            "write -P 0x44 24M 8M",
+            "write -P 0x55 32M 8M",
+            "write -P 0x66 40M 8M",
+        ],
+    );
+    server.cli_ok(&["snapshot", "create", "base@gold"]);
+    server.cli_ok(&["volume", "clone", "base@gold", "clone"]);
+    write(server, "clone", &["write -P 0x77 4M 1M"]);
+}
+
+const CLONE_READS: [&str; 8] = [
+    "read -P 0x11 0 4M",
+    "read -P 0x77 4M 1M",
+    "read -P 0x11 5M 3M",
+    "read -P 0x22 8M 8M",
+    "read -P 0x33 16M 8M",
+    "read -P 0x44 24M 8M",
+    "read -P 0x55 32M 8M",
+    "read -P 0x66 40M 8M",
+];
+
+fn verify_clone(server: &Server, when: &str) {
+    let reads: Vec<String> = CLONE_READS.iter().map(|r| r.to_string()).collect();
+    qemu_io_verify(&server.uri("clone"), &reads, when);
+}
+
+fn stats(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn gets(s: &serde_json::Value) -> (u64, u64) {
+    let st = &s["read_path"]["store"];
+    (
+        st["data_gets"].as_u64().unwrap(),
+        st["header_gets"].as_u64().unwrap(),
+    )
+}
+
+/// `volume info VOL --json`'s hydration object, from the serving server.
+fn hydration(server: &Server, volume: &str) -> serde_json::Value {
+    let out = server.cli_ok(&["volume", "info", volume, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["hydration"].clone()
+}
+
+/// Waits until `volume`'s hydration is in `state`.
+fn wait_state(server: &Server, volume: &str, state: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let h = hydration(server, volume);
+        if h["state"] == state {
+            return h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{volume}: hydration not {state} after 120 s: {h}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until the stats file was written after `t` (so its counters
+/// include everything before `t`).
+fn fresh_stats(path: &Path, t: Instant) -> serde_json::Value {
+    let since = std::time::SystemTime::now() - t.elapsed();
+    loop {
+        if std::fs::metadata(path).and_then(|m| m.modified()).unwrap() > since {
+            return stats(path);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_clone_on_a_new_host_becomes_local_then_reads_send_no_get() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let stats_path = tmp.path().join("stats.json");
+    let sp = stats_path.display().to_string();
+    let store = S3Store::on_shared_minio("hydrate");
+    let target = Target::strata_s3(&store, &args(&sp, "256MiB", &[]));
+    let mut server = Server::start(tmp.path(), target, &[("base", VOL)]);
+    make_image(&server);
+    server.restart_on_new_host();
+
+    let h = wait_state(&server, "clone", "done");
+    assert_eq!(h["mode"], "auto: a clone", "{h}");
+    assert!(
+        h["local_bytes"].as_u64() >= Some(47 * MIB) && h["local_bytes"] == h["total_bytes"],
+        "{h}"
+    );
+    assert!(h["gets"].as_u64() > Some(0), "{h}");
+    // The text form says so too.
+    let info = server.cli_ok(&["volume", "info", "clone"]);
+    assert!(info.contains("hydration:   done:"), "{info}");
+    // base was opened on a new host too: hydrated, sharing the blocks.
+    wait_state(&server, "base", "done");
+
+    let before = fresh_stats(&stats_path, Instant::now());
+    verify_clone(&server, "hydrated, on the new host");
+    let after = fresh_stats(&stats_path, Instant::now());
+    assert_eq!(
+        gets(&before),
+        gets(&after),
+        "a read of a hydrated clone sent GETs"
+    );
+    let disk = &after["read_path"]["disk_cache"];
+    assert!(
+        disk["hydrated_insertions"].as_u64() >= Some(47 * MIB / BLOCK),
+        "{disk}"
+    );
+    assert!(
+        server.stderr().contains("volume is local"),
+        "no log line when the volume became local"
+    );
+    server.stop();
+}
+
+#[test]
+fn kill_9_during_hydration_resumes_without_fetching_what_is_local() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let stats_path = tmp.path().join("stats.json");
+    let sp = stats_path.display().to_string();
+    let store = S3Store::on_shared_minio("hydrate-kill");
+    // 8 MiB/s: the 48 MiB image takes about 6 s, so the kill lands midway.
+    let slow = args(&sp, "256MiB", &["--hydrate-rate", "8MiB"]);
+    let mut server = Server::start(
+        tmp.path(),
+        Target::strata_s3(&store, &slow),
+        &[("base", VOL)],
+    );
+    make_image(&server);
+    server.stop();
+    // Only the clone is served on the new host.
+    server.target = Target::strata_s3(&store, &slow).with_args(&["--volume", "clone"]);
+    server.restart_on_new_host();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let local_at_kill = loop {
+        let h = hydration(&server, "clone");
+        let local = h["local_bytes"].as_u64().unwrap_or(0);
+        if local >= 16 * MIB {
+            break local;
+        }
+        assert!(Instant::now() < deadline, "no progress: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    server.kill9();
+    server.start_again();
+    let h = wait_state(&server, "clone", "done");
+    let total = h["total_bytes"].as_u64().unwrap();
+    let fetched = h["fetched_bytes"].as_u64().unwrap();
+    let restored = stats(&stats_path)["read_path"]["disk_cache"]["restored_blocks"]
+        .as_u64()
+        .unwrap();
+    // What the first run had on disk is not fetched again: at most what
+    // was missing, rounded to blocks, plus the blocks in the writer's
+    // queue at the kill (not yet on disk, so fetched again).
+    assert!(
+        restored * BLOCK >= local_at_kill,
+        "{restored} blocks restored"
+    );
+    assert!(
+        fetched + restored * BLOCK <= total + 64 * BLOCK,
+        "fetched {fetched} after the restart, {restored} blocks were local, total {total}"
+    );
+    assert!(fetched < total, "{h}");
+    verify_clone(&server, "after kill -9 during hydration");
+    server.stop();
+}
+
+#[test]
+fn hydration_never_evicts_what_clients_read() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let stats_path = tmp.path().join("stats.json");
+    let sp = stats_path.display().to_string();
+    let store = S3Store::on_shared_minio("hydrate-small");
+    let mut server = Server::start(
+        tmp.path(),
+        Target::strata_s3(&store, &args(&sp, "256MiB", &[])),
+        &[("base", VOL)],
+    );
+    make_image(&server);
+    server.stop();
+    // A 24 MiB disk cache for a 48 MiB clone, hydrating slowly: a client
+    // reads the image's end first; hydration (address order) fills the
+    // free room and stops, and what the client read stays.
+    server.target = Target::strata_s3(&store, &args(&sp, "24MiB", &["--hydrate-rate", "4MiB"]))
+        .with_args(&["--volume", "clone"]);
+    server.restart_on_new_host();
+    let tail = ["read -P 0x66 40M 8M".to_string()];
+    qemu_io_verify(&server.uri("clone"), &tail, "first read of the tail");
+    let h = wait_state(&server, "clone", "cache_full");
+    assert!(h["local_bytes"].as_u64() < h["total_bytes"].as_u64(), "{h}");
+    let before = fresh_stats(&stats_path, Instant::now());
+    qemu_io_verify(&server.uri("clone"), &tail, "the tail again");
+    let after = fresh_stats(&stats_path, Instant::now());
+    assert_eq!(
+        gets(&before).0,
+        gets(&after).0,
+        "the client's data was evicted"
+    );
+    let disk = &after["read_path"]["disk_cache"];
+    assert!(disk["hydration_skips"].as_u64() > Some(0), "{disk}");
+    verify_clone(&server, "with a cache smaller than the clone");
+    server.stop();
+}
+
+#[test]
+fn hydrate_off_fetches_nothing_in_the_background() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let stats_path = tmp.path().join("stats.json");
+    let sp = stats_path.display().to_string();
+    let store = S3Store::on_shared_minio("hydrate-off");
+    let mut server = Server::start(
+        tmp.path(),
+        Target::strata_s3(&store, &args(&sp, "256MiB", &[])),
+        &[("base", VOL)],
+    );
+    make_image(&server);
+    server.stop();
+    server.target = Target::strata_s3(&store, &args(&sp, "256MiB", &["--hydrate", "off"]));
+    server.restart_on_new_host();
+    std::thread::sleep(Duration::from_secs(1));
+    let h = hydration(&server, "clone");
+    assert_eq!(h["state"], "off", "{h}");
+    assert_eq!(h["mode"], "off", "{h}");
+    let s = fresh_stats(&stats_path, Instant::now());
+    assert_eq!(gets(&s).0, 0, "GETs with --hydrate off and no client: {s}");
+    verify_clone(&server, "without hydration");
+    server.stop();
+}
