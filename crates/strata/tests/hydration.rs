@@ -116,6 +116,27 @@ fn wait_state(server: &Server, volume: &str, state: &str) -> serde_json::Value {
     }
 }
 
+/// The classic text of `/metrics` (one request; the server closes).
+fn scrape(server: &Server) -> String {
+    use std::io::{Read, Write};
+    let addr = server
+        .banner
+        .iter()
+        .find_map(|l| l.strip_prefix("metrics http://"))
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics line in {:?}", server.banner))
+        .to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
 /// Waits until the stats file was written after `t` (so its counters
 /// include everything before `t`).
 fn fresh_stats(path: &Path, t: Instant) -> serde_json::Value {
@@ -136,7 +157,8 @@ fn a_clone_on_a_new_host_becomes_local_then_reads_send_no_get() {
     let stats_path = tmp.path().join("stats.json");
     let sp = stats_path.display().to_string();
     let store = S3Store::on_shared_minio("hydrate");
-    let target = Target::strata_s3(&store, &args(&sp, "256MiB", &[]));
+    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let target = Target::strata_s3(&store, &args(&sp, "256MiB", &metrics));
     let mut server = Server::start(tmp.path(), target, &[("base", VOL)]);
     make_image(&server);
     server.restart_on_new_host();
@@ -153,6 +175,15 @@ fn a_clone_on_a_new_host_becomes_local_then_reads_send_no_get() {
     assert!(info.contains("hydration:   done:"), "{info}");
     // base was opened on a new host too: hydrated, sharing the blocks.
     wait_state(&server, "base", "done");
+    // Prometheus sees the same.
+    let text = scrape(&server);
+    let local = h["local_bytes"].as_u64().unwrap();
+    for line in [
+        format!("strata_volume_hydration_local_bytes{{volume=\"clone\"}} {local}"),
+        "strata_volume_hydration_state{volume=\"clone\"} 3".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
 
     let before = fresh_stats(&stats_path, Instant::now());
     verify_clone(&server, "hydrated, on the new host");

@@ -1,6 +1,6 @@
 //! The families of each open volume, labelled `volume`: data and space,
 //! uploads and back-pressure (write buffer, journal, writers that waited),
-//! garbage collection, snapshots, and the lease. Volumes not opened by
+//! garbage collection, snapshots, the lease, and hydration. Volumes not opened by
 //! this server have no series.
 
 use std::collections::BTreeMap;
@@ -217,6 +217,36 @@ const PER_VOLUME: &[PerVolume] = &[
         "strata_volume_lease_renewal_failures_total",
         "Lease renewals that failed (the store unreachable, or the volume taken over).",
         |v| v.lease.renewal_failures,
+    ),
+    (
+        Gauge,
+        "strata_volume_hydration_total_bytes",
+        "Bytes of the volume's data in stored segments, as hydration last measured them (0: hydration off).",
+        |v| v.hydration.total_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_hydration_local_bytes",
+        "Of those, bytes in the local disk cache: the volume is local when it equals the total.",
+        |v| v.hydration.local_bytes,
+    ),
+    (
+        Gauge,
+        "strata_volume_hydration_state",
+        "Hydration: 0 off, 1 measuring, 2 fetching, 3 done (local), 4 stopped with the disk cache full, 5 stopped by store errors.",
+        |v| v.hydration.state as u64,
+    ),
+    (
+        Counter,
+        "strata_volume_hydration_fetched_bytes_total",
+        "Bytes hydration fetched from the store.",
+        |v| v.hydration.fetched_bytes,
+    ),
+    (
+        Counter,
+        "strata_volume_hydration_gets_total",
+        "GETs hydration sent.",
+        |v| v.hydration.gets,
     ),
 ];
 
