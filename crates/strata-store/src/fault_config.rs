@@ -20,6 +20,10 @@ pub struct FaultConfig {
     pub added_latency_ms: u64,
     /// Up to this much more latency, uniformly drawn per call.
     pub latency_jitter_ms: u64,
+    /// Probability in `[0, 1]` that a call is slow: `slow_ms` more latency
+    /// (a store's latency tail, which hedged reads answer).
+    pub slow_rate: f64,
+    pub slow_ms: u64,
     /// Fail exactly this call (1-based, counting every call).
     pub fail_nth: Option<u64>,
     /// Probability in `[0, 1]` that a mutating call that succeeded on the
@@ -54,10 +58,12 @@ pub enum FaultConfigError {
 }
 
 /// The keys [`FaultConfig::parse`] accepts.
-pub const FAULT_KEYS: [&str; 9] = [
+pub const FAULT_KEYS: [&str; 11] = [
     "error_rate",
     "latency_ms",
     "jitter_ms",
+    "slow_rate",
+    "slow_ms",
     "fail_nth",
     "lost_reply_rate",
     "seed",
@@ -69,7 +75,8 @@ pub const FAULT_KEYS: [&str; 9] = [
 impl FaultConfig {
     /// Parses `key=value` pairs separated by commas, e.g.
     /// `error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=42`.
-    /// `ignore_if_none_match=1`, `ignore_if_match=1` and
+    /// `slow_rate=0.05,slow_ms=2000` makes one call in 20 two seconds
+    /// slower. `ignore_if_none_match=1`, `ignore_if_match=1` and
     /// `ignore_conditions=1` (both) simulate a store that ignores
     /// conditional writes.
     /// Keys left out keep their default (no fault); an empty string is the
@@ -100,6 +107,8 @@ impl FaultConfig {
             "error_rate" => self.error_rate = parse_probability(key, value)?,
             "latency_ms" => self.added_latency_ms = parse_u64(key, value)?,
             "jitter_ms" => self.latency_jitter_ms = parse_u64(key, value)?,
+            "slow_rate" => self.slow_rate = parse_probability(key, value)?,
+            "slow_ms" => self.slow_ms = parse_u64(key, value)?,
             "fail_nth" => self.fail_nth = Some(parse_call_number(key, value)?),
             "lost_reply_rate" => self.lost_reply_rate = parse_probability(key, value)?,
             "seed" => self.seed = Some(parse_u64(key, value)?),
@@ -136,6 +145,9 @@ impl fmt::Display for FaultConfig {
             "error_rate={},latency_ms={},jitter_ms={},lost_reply_rate={}",
             self.error_rate, self.added_latency_ms, self.latency_jitter_ms, self.lost_reply_rate
         )?;
+        if self.slow_rate > 0.0 {
+            write!(f, ",slow_rate={},slow_ms={}", self.slow_rate, self.slow_ms)?;
+        }
         if let Some(n) = self.fail_nth {
             write!(f, ",fail_nth={n}")?;
         }

@@ -168,7 +168,16 @@ impl<T: ObjectStore> FaultInjectingObjectStore<T> {
             0 => 0,
             max_ms => up_to_inclusive(self.entropy.as_ref(), max_ms),
         };
-        let latency_ms = self.config.added_latency_ms.saturating_add(jitter_ms);
+        let slow_ms = if self.draw(self.config.slow_rate) {
+            self.config.slow_ms
+        } else {
+            0
+        };
+        let latency_ms = self
+            .config
+            .added_latency_ms
+            .saturating_add(jitter_ms)
+            .saturating_add(slow_ms);
         let is_nth = self.config.fail_nth == Some(call_number);
         let error = (is_nth || self.draw(self.config.error_rate)).then(|| {
             self.stats.injected_errors.fetch_add(1, Ordering::Relaxed);

@@ -78,6 +78,10 @@ pub struct VolumeConfig {
     pub key: Option<Arc<Key>>,
     /// Background hydration of volumes whose data is not local.
     pub hydrate: HydrateConfig,
+    /// A client's small GET slower than the store's usual tail is sent
+    /// again, the first answer wins (`read/hedge.rs`). Off for the engine
+    /// (its tests count requests exactly); `strata serve` turns it on.
+    pub hedge_reads: bool,
 }
 
 /// When a volume's stored data is fetched into the disk cache in the
@@ -209,6 +213,7 @@ impl VolumeConfig {
             compression: Compression::Lz4,
             key: None,
             hydrate: HydrateConfig::default(),
+            hedge_reads: false,
         }
     }
 

@@ -613,4 +613,11 @@ pub struct Budgets {
     /// slots).
     #[arg(long, default_value = "0", value_name = "SIZE")]
     pub hydrate_rate: String,
+
+    /// A client's read GET (up to 1 MiB) that takes longer than the
+    /// store's recent 95th percentile (and twice its median) is sent a
+    /// second time; the first answer wins and the other is cancelled. At
+    /// most one GET in 20 is hedged.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub hedge_reads: OnOff,
 }

@@ -318,6 +318,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
             },
             rate_bytes_per_sec: size_option("--hydrate-rate", &b.hydrate_rate)?,
         };
+        config.hedge_reads = b.hedge_reads == OnOff::On;
     }
     if let Command::Volume(VolumeCommand::Gc { gc_grace_ms, .. }) = &cli.command {
         config.gc.grace_ms = *gc_grace_ms;

@@ -29,6 +29,7 @@ mod block_cache;
 mod disk_fill;
 mod disk_writer;
 mod fetch_plan;
+mod hedge;
 mod hydration;
 mod hydration_limits;
 mod inflight;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::fetch_plan::{ChunkKey, FetchKind, RunBytes};
+use super::hedge::{hedged, Race, MAX_HEDGED_BYTES};
 use super::inflight::Claim;
 use super::shared_caches::{block_aligned, index_cost_bytes, SharedCaches};
 use super::volume_reader::VolumeReader;
@@ -87,11 +88,30 @@ impl VolumeReader {
         let c = &caches.counters;
         c.data_gets.fetch_add(1, Ordering::Relaxed);
         self.gets.fetch_add(1, Ordering::Relaxed);
-        let bytes = self
-            .store
-            .get_range(&path, range)
-            .await
-            .map_err(store_error(&self.store, "read", &path))?;
+        // Clients' small reads are hedged past the store's usual tail
+        // (`hedge.rs`); read-ahead and hydration never wait on one GET.
+        let delay = match kind {
+            FetchKind::Read if caches.hedge_reads => caches.hedge.delay_for(want),
+            _ => None,
+        };
+        let started = std::time::Instant::now();
+        let send = || {
+            let (path, range) = (&path, range.clone());
+            async move { self.store.get_range(path, range).await }
+        };
+        let (answer, race) = hedged(send, delay).await;
+        if kind == FetchKind::Read && want <= MAX_HEDGED_BYTES {
+            caches.hedge.record(started.elapsed());
+        }
+        if race != Race::Once {
+            c.data_gets.fetch_add(1, Ordering::Relaxed);
+            self.gets.fetch_add(1, Ordering::Relaxed);
+            caches.hedge.hedged.fetch_add(1, Ordering::Relaxed);
+        }
+        if race == Race::SecondWon {
+            caches.hedge.hedge_wins.fetch_add(1, Ordering::Relaxed);
+        }
+        let bytes = answer.map_err(store_error(&self.store, "read", &path))?;
         let got = bytes.len() as u64;
         c.data_get_bytes.fetch_add(got, Ordering::Relaxed);
         self.get_bytes.fetch_add(got, Ordering::Relaxed);

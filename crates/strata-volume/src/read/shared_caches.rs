@@ -19,6 +19,7 @@ use super::disk_writer::{BlockSource, Blocks, DiskWriter, OnDone};
 use super::fetch_plan::{
     coalesce, ChunkKey, FetchPlan, IndexKey, RunBytes, MAX_GAP_BYTES, MAX_GET_BYTES,
 };
+use super::hedge::HedgePolicy;
 use super::hydration_limits::{hydration_slots, RateLimit};
 use super::inflight::Flights;
 use super::prefetched_runs::PrefetchedRuns;
@@ -53,6 +54,10 @@ pub struct StoreReadStats {
     /// Of `data_gets`: GETs by hydration, and their bytes.
     pub hydration_gets: u64,
     pub hydration_get_bytes: u64,
+    /// Of `data_gets`: second requests of hedged reads, and how many of
+    /// them answered first.
+    pub hedged_gets: u64,
+    pub hedge_wins: u64,
 }
 
 /// Everything the read path counts, per tier; see `SharedCaches::stats`.
@@ -100,6 +105,9 @@ pub struct SharedCaches {
     pub(crate) hydration_slots: Arc<tokio::sync::Semaphore>,
     /// Hydration's bandwidth, server-wide (`--hydrate-rate`).
     pub(crate) hydration_rate: RateLimit,
+    /// Hedged reads: on, and when (`hedge.rs`).
+    pub(crate) hedge_reads: bool,
+    pub(crate) hedge: HedgePolicy,
 }
 
 impl SharedCaches {
@@ -125,6 +133,8 @@ impl SharedCaches {
             background: Arc::new(Background::default()),
             hydration_slots: hydration_slots(),
             hydration_rate: RateLimit::new(config.hydrate.rate_bytes_per_sec),
+            hedge_reads: config.hedge_reads,
+            hedge: HedgePolicy::default(),
         })
     }
 
@@ -155,6 +165,8 @@ impl SharedCaches {
                 chunks_in_flight: self.chunk_flights.len() as u64,
                 hydration_gets: load(&c.hydration_gets),
                 hydration_get_bytes: load(&c.hydration_get_bytes),
+                hedged_gets: load(&self.hedge.hedged),
+                hedge_wins: load(&self.hedge.hedge_wins),
             },
         }
     }
