@@ -6,6 +6,8 @@
 //! <volume>/checkpoints/<seq:016x>      extent map as of segment <seq>
 //! <volume>/lease                       one-writer lease
 //! <volume>/clones/<snapshot>/<clone>   a clone made from that snapshot
+//! <volume>/profiles/<seq:016x>         what the first clone of the snapshot at
+//!                                      checkpoint <seq> read first
 //! ```
 //! Sequence numbers are zero-padded hex so a listing sorts in log order.
 
@@ -116,6 +118,12 @@ impl ObjectNames {
         }
         let to = u64::from_str_radix(to, 16).ok()?;
         Some((to, u64::from_str_radix(from, 16).ok()?))
+    }
+
+    /// The access profile of the snapshot at checkpoint `seq`: what its
+    /// first clone read first (`format/access_profile.rs`).
+    pub fn profile(&self, seq: u64) -> Path {
+        Path::from(format!("{}/profiles/{seq:016x}", self.volume))
     }
 
     /// Where clones of this volume's snapshots are registered.

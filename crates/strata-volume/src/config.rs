@@ -82,6 +82,12 @@ pub struct VolumeConfig {
     /// again, the first answer wins (`read/hedge.rs`). Off for the engine
     /// (its tests count requests exactly); `strata serve` turns it on.
     pub hedge_reads: bool,
+    /// Access profiles of clones (`volume/profile.rs`): record the first
+    /// reads of a clone whose snapshot has none; prefetch a snapshot's
+    /// profile when a clone of it opens. Off for the engine; `strata
+    /// serve` turns both on.
+    pub profile_record: bool,
+    pub profile_prefetch: bool,
 }
 
 /// When a volume's stored data is fetched into the disk cache in the
@@ -214,6 +220,8 @@ impl VolumeConfig {
             key: None,
             hydrate: HydrateConfig::default(),
             hedge_reads: false,
+            profile_record: false,
+            profile_prefetch: false,
         }
     }
 

@@ -57,6 +57,7 @@ pub use engine::diffs::DiffSummary;
 pub use engine::images::{ImageSink, ImageSummary};
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
+pub use format::access_profile::{AccessProfile, ProfileRange};
 pub use format::frame::Compression;
 pub use format::key_wrap::Key;
 pub use format::manifest::{

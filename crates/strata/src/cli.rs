@@ -363,6 +363,17 @@ pub enum SnapshotCommand {
         /// VOLUME@SNAPSHOT
         target: String,
     },
+    /// Show the snapshot's access profile: the ranges the first clone of
+    /// it read first (a VM's first boot), in order, which later clones
+    /// fetch before their guest asks (`serve --profile-record`,
+    /// `--profile-prefetch`).
+    Profile {
+        /// VOLUME@SNAPSHOT
+        target: String,
+        /// Print every range as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Garbage collection in the background of a server.
@@ -620,4 +631,17 @@ pub struct Budgets {
     /// most one GET in 20 is hedged.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub hedge_reads: OnOff,
+
+    /// Record what a clone reads first (its first 60 s or 1 GiB of reads,
+    /// a VM's first boot) when its snapshot has no access profile yet,
+    /// and store it beside the snapshot. Not for encrypted volumes.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub profile_record: OnOff,
+
+    /// When a clone opens and its snapshot has an access profile, fetch
+    /// the profile's ranges into the disk cache at once, in the order
+    /// they were first read, before the guest asks (then hydrate the rest
+    /// if --hydrate says so).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub profile_prefetch: OnOff,
 }

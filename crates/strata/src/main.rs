@@ -319,6 +319,8 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
             rate_bytes_per_sec: size_option("--hydrate-rate", &b.hydrate_rate)?,
         };
         config.hedge_reads = b.hedge_reads == OnOff::On;
+        config.profile_record = b.profile_record == OnOff::On;
+        config.profile_prefetch = b.profile_prefetch == OnOff::On;
     }
     if let Command::Volume(VolumeCommand::Gc { gc_grace_ms, .. }) = &cli.command {
         config.gc.grace_ms = *gc_grace_ms;
@@ -675,6 +677,9 @@ fn print_hydration_info(v: &strata_volume::VolumeInfo) {
         S::Failed => format!("stopped by store errors: {local} (tried again at the next open)"),
     };
     println!("hydration:   {line}");
+    if !h.profile.is_empty() {
+        println!("profile:     {}", h.profile);
+    }
 }
 
 /// The snapshot lines of `volume info`.

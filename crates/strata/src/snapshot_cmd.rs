@@ -5,7 +5,9 @@
 use anyhow::{bail, Context};
 use std::io::Write;
 
-use strata_volume::{split_export_name, ChangeKind, Engine, ExportName, ImageSink, SnapshotRecord};
+use strata_volume::{
+    split_export_name, AccessProfile, ChangeKind, Engine, ExportName, ImageSink, SnapshotRecord,
+};
 
 use crate::cli::{SnapshotCommand, VolumeCommand};
 use crate::control::{self, Request};
@@ -76,6 +78,18 @@ pub async fn run(engine: &Engine, cmd: &SnapshotCommand) -> anyhow::Result<()> {
                 "rolled {volume} back to snapshot {} (checkpoint {}); writes since the snapshot are gone",
                 r.snapshot, r.checkpoint_seq
             );
+        }
+        SnapshotCommand::Profile { target, json } => {
+            let (volume, snapshot) = split_target(target)?;
+            let profile = engine.snapshot_profile(volume, snapshot).await?;
+            match profile {
+                None if *json => println!("null"),
+                None => println!(
+                    "snapshot {target} has no access profile yet: the first clone of it served with --profile-record on records one"
+                ),
+                Some(p) if *json => println!("{}", profile_json(&p)),
+                Some(p) => print_profile(target, &p),
+            }
         }
     }
     Ok(())
@@ -261,4 +275,48 @@ fn utc(unix_ms: u64) -> String {
         || unix_ms.to_string(),
         |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
     )
+}
+
+/// `snapshot profile --json`: the header and every range.
+fn profile_json(p: &AccessProfile) -> String {
+    let ranges: Vec<serde_json::Value> = p
+        .ranges
+        .iter()
+        .map(|r| serde_json::json!({"offset": r.offset, "len": r.len, "at_ms": r.at_ms}))
+        .collect();
+    let v = serde_json::json!({
+        "checkpoint_seq": p.checkpoint_seq,
+        "size_bytes": p.size_bytes,
+        "recorded_ms": p.recorded_ms,
+        "bytes": p.bytes(),
+        "ranges": ranges,
+    });
+    serde_json::to_string_pretty(&v).unwrap_or_default()
+}
+
+/// `snapshot profile`: a summary and the first ranges.
+fn print_profile(target: &str, p: &AccessProfile) {
+    const SHOWN: usize = 20;
+    println!(
+        "access profile of {target} (checkpoint {}): {} ranges, {} read in the first {:.1} s",
+        p.checkpoint_seq,
+        p.ranges.len(),
+        format_size(p.bytes()),
+        p.recorded_ms as f64 / 1000.0
+    );
+    println!("{:>10} {:>16} {:>12}", "AT", "OFFSET", "LENGTH");
+    for r in p.ranges.iter().take(SHOWN) {
+        println!(
+            "{:>8}ms {:>16} {:>12}",
+            r.at_ms,
+            r.offset,
+            format_size(r.len)
+        );
+    }
+    if p.ranges.len() > SHOWN {
+        println!(
+            "... and {} more (--json lists them all)",
+            p.ranges.len() - SHOWN
+        );
+    }
 }

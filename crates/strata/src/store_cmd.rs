@@ -35,7 +35,10 @@ pub fn writes_volumes(command: &Command) -> bool {
                 | VolumeCommand::Diff { .. }
                 | VolumeCommand::ExportDiff { .. }
         ),
-        Command::Snapshot(s) => !matches!(s, SnapshotCommand::List { .. }),
+        Command::Snapshot(s) => !matches!(
+            s,
+            SnapshotCommand::List { .. } | SnapshotCommand::Profile { .. }
+        ),
         Command::Key(_) | Command::Store(_) | Command::Fsck(_) => false,
     }
 }

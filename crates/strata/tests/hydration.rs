@@ -3,7 +3,10 @@
 //! local, then reads send no GET; kill -9 during hydration and a restart
 //! resume without fetching again what is local; a disk cache smaller than
 //! the volume keeps what clients read (hydration never evicts); `--hydrate
-//! off` fetches nothing; `volume info` shows the progress.
+//! off` fetches nothing; `volume info` shows the progress. Access
+//! profiles: what one clone read first is fetched for the next clone of
+//! the snapshot before its client's first read; a damaged profile is
+//! ignored with one log line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -323,4 +326,112 @@ fn hydrate_off_fetches_nothing_in_the_background() {
     assert_eq!(gets(&s).0, 0, "GETs with --hydrate off and no client: {s}");
     verify_clone(&server, "without hydration");
     server.stop();
+}
+
+#[test]
+fn a_profile_recorded_on_one_clone_prefetches_for_the_next() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let stats_path = tmp.path().join("stats.json");
+    let sp = stats_path.display().to_string();
+    let store = S3Store::on_shared_minio("profiles");
+    // Hydration off: what reaches the cache before a read is the profile.
+    let off = args(&sp, "256MiB", &["--hydrate", "off"]);
+    let mut server = Server::start(
+        tmp.path(),
+        Target::strata_s3(&store, &off),
+        &[("base", VOL)],
+    );
+    write(
+        &server,
+        "base",
+        &[
+            "write -P 0x11 0 16M",
+            "write -P 0x33 16M 16M",
+            "write -P 0x66 32M 16M",
+        ],
+    );
+    server.cli_ok(&["snapshot", "create", "base@gold"]);
+    let none = server.cli_ok(&["snapshot", "profile", "base@gold"]);
+    assert!(none.contains("no access profile yet"), "{none}");
+    // The first clone boots: what it reads first is recorded, and stored
+    // when it closes.
+    server.cli_ok(&["volume", "clone", "base@gold", "c1"]);
+    let boot = [
+        "read -P 0x33 20M 4M",
+        "read -P 0x66 40M 2M",
+        "read -P 0x11 0 1M",
+    ]
+    .map(String::from);
+    qemu_io_verify(&server.uri("c1"), &boot, "c1's first boot");
+    server.stop();
+    assert!(
+        server.stderr().contains("access profile stored"),
+        "no profile stored"
+    );
+    let shown = server.cli_ok(&["snapshot", "profile", "base@gold", "--json"]);
+    let p: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    let ranges: Vec<(u64, u64)> = p["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["offset"].as_u64().unwrap(), r["len"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        ranges,
+        vec![(20 * MIB, 4 * MIB), (40 * MIB, 2 * MIB), (0, MIB)],
+        "{p}"
+    );
+    let text = server.cli_ok(&["snapshot", "profile", "base@gold"]);
+    assert!(text.contains("3 ranges"), "{text}");
+
+    // The next clone, on a new host: the profile's ranges are fetched at
+    // open, before any client read, and its boot then sends no data GET.
+    server.cli_ok(&["volume", "clone", "base@gold", "c2"]);
+    server.target = Target::strata_s3(&store, &off).with_args(&["--volume", "c2"]);
+    server.restart_on_new_host();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = hydration(&server, "c2");
+        if h["profile"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("prefetched")
+        {
+            assert_eq!(h["profile_bytes"].as_u64(), Some(7 * MIB), "{h}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "profile not prefetched: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = fresh_stats(&stats_path, Instant::now());
+    assert!(
+        gets(&before).0 > 0,
+        "no GET before the first read: {before}"
+    );
+    qemu_io_verify(&server.uri("c2"), &boot, "c2's boot, prefetched");
+    let after = fresh_stats(&stats_path, Instant::now());
+    assert_eq!(
+        gets(&before).0,
+        gets(&after).0,
+        "the boot's reads sent data GETs"
+    );
+    server.stop();
+
+    // A damaged profile is ignored with one log line, never an I/O error.
+    let checkpoint = p["checkpoint_seq"].as_u64().unwrap();
+    store.put(
+        &format!("base/profiles/{checkpoint:016x}"),
+        b"STRATPRF but not a profile",
+    );
+    let err = server.cli_err(&["snapshot", "profile", "base@gold"]);
+    assert!(err.contains("profiles/"), "{err}");
+    server.cli_ok(&["volume", "clone", "base@gold", "c3"]);
+    server.target = Target::strata_s3(&store, &off).with_args(&["--volume", "c3"]);
+    server.restart_on_new_host();
+    qemu_io_verify(&server.uri("c3"), &boot, "c3 with a damaged profile");
+    server.stop();
+    let log = server.last_stderr();
+    assert_eq!(log.matches("access profile ignored").count(), 1, "{log}");
 }

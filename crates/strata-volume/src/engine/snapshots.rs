@@ -11,9 +11,10 @@ use strata_store::{validate_volume_name, ObjectNames};
 use super::Engine;
 use crate::at_rest::data_key_of;
 use crate::error::VolumeError;
+use crate::format::access_profile::AccessProfile;
 use crate::format::manifest::{validate_snapshot_name, Manifest, RollbackRecord, SnapshotRecord};
 use crate::map::ExtentMap;
-use crate::objects::{read_manifest, read_snapshot_map};
+use crate::objects::{read_manifest, read_profile, read_snapshot_map};
 use crate::snapshot::{resolve_lineage, SnapshotView};
 
 impl Engine {
@@ -64,6 +65,27 @@ impl Engine {
     pub async fn list_snapshots(&self, volume: &str) -> Result<Vec<SnapshotRecord>, VolumeError> {
         validate_volume_name(volume).map_err(VolumeError::Invalid)?;
         Ok(read_manifest(&self.store, volume).await?.snapshots)
+    }
+
+    /// The access profile of snapshot `name` of `volume` (`None`: no clone
+    /// of it recorded one yet); an error when it does not verify.
+    pub async fn snapshot_profile(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<Option<AccessProfile>, VolumeError> {
+        validate_volume_name(volume).map_err(VolumeError::Invalid)?;
+        validate_snapshot_name(name).map_err(VolumeError::Invalid)?;
+        let m = read_manifest(&self.store, volume).await?;
+        let record = m
+            .snapshot(name)
+            .ok_or_else(|| VolumeError::SnapshotNotFound {
+                volume: volume.to_string(),
+                snapshot: name.to_string(),
+            })?;
+        let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
+        let names = ObjectNames::new(volume);
+        read_profile(&self.store, &names, &uuid, record.checkpoint_seq).await
     }
 
     /// Snapshot `name` of `volume`, read-only (shared while in use).

@@ -26,6 +26,15 @@ pub fn decode_everything(data: &[u8]) {
     decode_snapshot_delta(data);
     decode_frames(data);
     decode_sealed_object(data);
+    decode_access_profile(data);
+}
+
+/// An access profile: what decodes must encode back to the same bytes.
+pub fn decode_access_profile(data: &[u8]) {
+    if let Ok(p) = super::access_profile::AccessProfile::decode(data) {
+        assert_eq!(p.encode(), data);
+        assert!(p.ranges.len() <= super::access_profile::MAX_RANGES);
+    }
 }
 
 /// A frame record and the bytes after it as a stored frame, with and

@@ -8,6 +8,7 @@
 //! `crates/strata-volume/fuzz`, and the stable `random_inputs` test). Each
 //! file documents its layout at the top.
 
+pub mod access_profile;
 pub(crate) mod bytes;
 pub mod cache_file;
 pub mod checkpoint;

@@ -3,8 +3,8 @@
 //!
 //! Owns: turning an `object_store` error into a `VolumeError` that names the
 //! store, the operation and the object (`store_error`); reading and
-//! verifying the manifest, segment headers, checkpoints and snapshot
-//! deltas; listing
+//! verifying the manifest, segment headers, checkpoints, snapshot
+//! deltas and access profiles; listing
 //! segments. Every byte read here is decoded by `format/` and rejected with
 //! a clear error when it does not verify. Writes are not here: each has its
 //! own conditions (segments `write/`, manifest and lease `ownership/`).
@@ -14,6 +14,7 @@ mod checkpoints;
 mod clone_markers;
 mod manifests;
 mod other_prefix;
+mod profiles;
 mod segments;
 mod snapshot_deltas;
 mod store_error;
@@ -22,6 +23,7 @@ pub(crate) use checkpoints::{read_checkpoint, read_checkpoint_recorded, read_sna
 pub(crate) use clone_markers::{list_clone_markers, read_clone_markers};
 pub(crate) use manifests::{read_manifest, read_manifest_versioned};
 pub(crate) use other_prefix::store_for_prefix;
+pub(crate) use profiles::read_profile;
 pub(crate) use segments::{fetch_fixed_header, fetch_segment_header, list_segments};
 pub(crate) use snapshot_deltas::read_snapshot_delta;
 pub(crate) use store_error::{is_not_found, store_error};

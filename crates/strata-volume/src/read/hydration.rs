@@ -86,6 +86,11 @@ pub struct HydrationStats {
     pub eta_seconds: Option<u64>,
     /// Since the volume was opened, until done or stopped.
     pub elapsed_ms: u64,
+    /// The clone's access profile: recording, prefetching, prefetched (or
+    /// empty: none).
+    pub profile: String,
+    /// Bytes of the profile's ranges local after its prefetch so far.
+    pub profile_bytes: u64,
 }
 
 /// One volume's hydration progress. Cheap atomics: the task writes, stats
@@ -100,6 +105,8 @@ pub(crate) struct Hydration {
     started: Instant,
     /// When the state became final (done, cache full, failed).
     finished: Mutex<Option<Instant>>,
+    profile: Mutex<String>,
+    pub profile_bytes: AtomicU64,
 }
 
 impl Hydration {
@@ -113,6 +120,8 @@ impl Hydration {
             gets: AtomicU64::new(0),
             started: Instant::now(),
             finished: Mutex::new(None),
+            profile: Mutex::new(String::new()),
+            profile_bytes: AtomicU64::new(0),
         }
     }
 
@@ -128,6 +137,10 @@ impl Hydration {
         ) {
             self.finished.lock().get_or_insert_with(Instant::now);
         }
+    }
+
+    pub fn set_profile(&self, what: String) {
+        *self.profile.lock() = what;
     }
 
     pub fn elapsed(&self) -> Duration {
@@ -164,6 +177,8 @@ impl Hydration {
             rate_bytes_per_sec: rate,
             eta_seconds,
             elapsed_ms: elapsed.as_millis() as u64,
+            profile: self.profile.lock().clone(),
+            profile_bytes: load(&self.profile_bytes),
         }
     }
 }

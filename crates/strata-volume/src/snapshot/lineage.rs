@@ -60,6 +60,11 @@ impl Lineage {
         self.ancestors.iter().find(|a| seq <= a.bound_seq)
     }
 
+    /// The volume whose snapshot this clone was made from.
+    pub fn parent(&self) -> Option<&Ancestor> {
+        self.ancestors.last()
+    }
+
     pub fn depth(&self) -> usize {
         self.ancestors.len()
     }

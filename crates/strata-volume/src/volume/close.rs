@@ -18,6 +18,7 @@ impl Volume {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.store_profile_at_close().await;
         // A garbage collection pass in flight ends first (it stops at its
         // next step): nothing is deleted once the lease may be released.
         let _gc = self.gc_pass.lock().await;

@@ -23,6 +23,7 @@
 //! (it never evicts), or after `MAX_FAILED_WINDOWS` windows in a row fail.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -30,6 +31,7 @@ use futures::StreamExt;
 
 use super::Volume;
 use crate::config::HydrateMode;
+use crate::format::access_profile::AccessProfile;
 use crate::map::Target;
 use crate::read::{hydrate_segment, Hydration, HydrationState, SharedCaches, VolumeReader};
 
@@ -69,13 +71,50 @@ pub(crate) fn hydration_mode(
 }
 
 impl Volume {
-    /// Starts hydrating in the background if `self.hydration` says so.
-    pub(crate) fn start_hydration(self: &Arc<Self>) {
-        if self.hydration.state() == HydrationState::Off {
+    /// Starts hydrating in the background if `self.hydration` says so,
+    /// `profile`'s ranges first (those alone when hydration is off).
+    pub(crate) fn start_hydration(self: &Arc<Self>, profile: Option<AccessProfile>) {
+        if self.hydration.state() == HydrationState::Off && profile.is_none() {
             return;
         }
+        if self.profile_recording.is_some() {
+            self.hydration
+                .set_profile("recording this clone's first reads".into());
+        }
         let weak = Arc::downgrade(self);
-        tokio::spawn(async move { hydrate(weak).await });
+        tokio::spawn(async move {
+            if let Some(p) = profile {
+                prefetch_profile(&weak, p).await;
+            }
+            if weak
+                .upgrade()
+                .is_some_and(|v| v.hydration.state() != HydrationState::Off)
+            {
+                hydrate(weak).await;
+            }
+        });
+    }
+
+    /// The stored pieces of volume range `range`, not in memory, with
+    /// their volume offsets' order kept.
+    fn stored_pieces_of(&self, range: Range<u64>, out: &mut Vec<(u64, u64, u64)>) {
+        let size = self.size_bytes();
+        let end = range.end.min(size);
+        if range.start >= end {
+            return;
+        }
+        let st = self.state.lock();
+        st.map.lookup(range.start, end - range.start, |p| {
+            let Some(Target::Data { seq, offset }) = p.target else {
+                return;
+            };
+            let in_memory = seq == st.open.seq
+                || st.sealed.contains_key(&seq)
+                || st.settling.contains_key(&seq);
+            if !in_memory {
+                out.push((seq, offset, p.len));
+            }
+        });
     }
 
     fn hydration_should_stop(&self) -> bool {
@@ -138,6 +177,45 @@ impl Drop for Hydrating {
             r.hydrating.fetch_sub(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Volume bytes of a profile's ranges hydrated as one batch (in order;
+/// inside a batch, segments in parallel).
+const PROFILE_BATCH_BYTES: u64 = 16 << 20;
+
+/// Fetches a profile's ranges into the disk cache, in the order they were
+/// first read, before any client asks (the guest's boot reads them next).
+async fn prefetch_profile(weak: &Weak<Volume>, profile: AccessProfile) {
+    let Some(vol) = weak.upgrade() else { return };
+    let h = vol.hydration.clone();
+    let _marks = Hydrating::new(vol.hydration_readers());
+    let (count, bytes) = (profile.ranges.len(), profile.bytes());
+    h.set_profile(format!(
+        "prefetching {count} ranges ({bytes} bytes) in the order a clone first read them"
+    ));
+    tracing::info!(volume = %vol.name, ranges = count, bytes, "prefetching the snapshot's access profile");
+    drop(vol);
+    let mut local = 0u64;
+    let mut batch: Vec<(u64, u64, u64)> = Vec::new();
+    let mut batch_bytes = 0u64;
+    let last = profile.ranges.len().saturating_sub(1);
+    for (i, r) in profile.ranges.iter().enumerate() {
+        let Some(vol) = weak.upgrade() else { return };
+        if vol.hydration_should_stop() {
+            return;
+        }
+        vol.stored_pieces_of(r.offset..r.offset.saturating_add(r.len), &mut batch);
+        batch_bytes += r.len;
+        if batch_bytes >= PROFILE_BATCH_BYTES || batch.len() >= MAX_WINDOW_PIECES || i == last {
+            let w = hydrate_window(&vol, &h, std::mem::take(&mut batch)).await;
+            local += w.local;
+            h.profile_bytes.store(local, Ordering::Relaxed);
+            batch_bytes = 0;
+        }
+    }
+    let s = h.stats();
+    h.set_profile(format!("prefetched {count} ranges: {local} bytes local"));
+    tracing::info!(volume = %name_of(weak), ranges = count, local_bytes = local, gets = s.gets, elapsed_ms = s.elapsed_ms, "access profile prefetched");
 }
 
 async fn hydrate(weak: Weak<Volume>) {

@@ -17,7 +17,8 @@
 //! - `tasks.rs`: lease renewal and the age sealer;
 //! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
 //! - `hydrate.rs`: stored data fetched into the disk cache in the
-//!   background (`read/hydration.rs` fetches);
+//!   background (`read/hydration.rs` fetches), a profile's ranges first;
+//! - `profile.rs`: access profiles of clones: recorded, stored, loaded;
 //! - `snapshot.rs`: snapshots: create, delete, roll back (`snapshot/`
 //!   holds the rules);
 //! - `snapshot_deltas.rs`: the chain of deltas from each snapshot to the
@@ -36,6 +37,7 @@ mod flatten;
 mod gc;
 mod hydrate;
 mod open;
+mod profile;
 mod read;
 mod resize;
 mod snapshot;
@@ -164,6 +166,8 @@ pub struct Volume {
     pub(crate) tasks_in_flight: AtomicU64,
     /// Background hydration's progress (`hydrate.rs`).
     pub(crate) hydration: Arc<Hydration>,
+    /// A clone's first reads being recorded (`profile.rs`).
+    pub(crate) profile_recording: Option<profile::Recording>,
 }
 
 impl std::fmt::Debug for Volume {

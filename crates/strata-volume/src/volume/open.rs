@@ -10,15 +10,19 @@ use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
 
 use super::hydrate::hydration_mode;
+use super::profile::{load_profile, Found, ProfilePlace, Recording};
 use super::Volume;
 use crate::at_rest::AtRest;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
+use crate::format::access_profile::AccessProfile;
+use crate::format::manifest::Manifest;
 use crate::gc::GcCounters;
 use crate::ownership::{take_ownership, ManifestWriter};
 use crate::read::{Hydration, HydrationState, SharedCaches};
 use crate::recovery::recover;
 use crate::snapshot::resolve_lineage;
+use crate::snapshot::Lineage;
 
 impl Volume {
     /// Opens (and recovers) volume `name`.
@@ -60,6 +64,10 @@ impl Volume {
             lineage.depth() > 0,
             journal_was_here,
         );
+        let (profile_recording, profile) = profiles_at_open(
+            &config, &store, &manifest, &lineage, &at_rest, &caches, name,
+        )
+        .await;
         let hydration_state = if hydrate {
             HydrationState::Scanning
         } else {
@@ -94,6 +102,7 @@ impl Volume {
             at_rest,
             tasks_in_flight: AtomicU64::new(0),
             hydration: Arc::new(Hydration::new(hydrate_mode, hydration_state)),
+            profile_recording,
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;
@@ -101,7 +110,8 @@ impl Volume {
         vol.start_age_sealer();
         vol.start_lease_renewal();
         vol.start_gc();
-        vol.start_hydration();
+        vol.start_hydration(profile);
+        vol.start_profile_timer();
         tracing::info!(volume = %name, holder = %vol.ownership.holder, epoch = vol.ownership.epoch, replayed_records = recovered.replayed_records, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
         Ok(vol)
     }
@@ -113,5 +123,37 @@ impl Volume {
         for s in sealed {
             self.spawn_tracked(|vol| async move { vol.upload(s, None).await });
         }
+    }
+}
+
+/// A clone's access profile at open (`profile.rs`): the snapshot's, to
+/// prefetch, or a recording of this clone's first reads when the snapshot
+/// has none. Only where hydration could run (a remote store, a disk
+/// cache), and never for encrypted volumes.
+async fn profiles_at_open(
+    config: &VolumeConfig,
+    store: &Store,
+    manifest: &Manifest,
+    lineage: &Lineage,
+    at_rest: &AtRest,
+    caches: &SharedCaches,
+    name: &str,
+) -> (Option<Recording>, Option<AccessProfile>) {
+    let wanted = config.profile_record || config.profile_prefetch;
+    let usable = !store.is_local() && caches.disk_enabled() && at_rest.data_key().is_none();
+    let Some(parent) = lineage.parent().filter(|_| wanted && usable) else {
+        return (None, None);
+    };
+    let place = ProfilePlace {
+        store: parent.store.clone(),
+        names: ObjectNames::new(&parent.name),
+        uuid: parent.uuid,
+        checkpoint_seq: parent.bound_seq,
+        size_bytes: manifest.size_bytes,
+    };
+    match load_profile(name, &place).await {
+        Found::Profile(p) if config.profile_prefetch => (None, Some(p)),
+        Found::None if config.profile_record => (Some(Recording::new(place)), None),
+        _ => (None, None),
     }
 }

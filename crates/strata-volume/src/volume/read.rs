@@ -28,6 +28,7 @@ impl Volume {
     /// the object gone: it looks the map up again and reads where the data
     /// is now.
     pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        self.note_read_for_profile(offset, buf.len() as u64);
         let mut attempt = 0;
         loop {
             let mut seqs = Vec::new();

@@ -155,10 +155,24 @@ impl Volume {
         crash_point("snapshot.after_delete");
         self.state.lock().pins.unpin(&usage);
         repair.finish(self, record.checkpoint_seq).await;
+        self.delete_profile(record.checkpoint_seq).await;
         self.gc_wake.notify_one();
         tracing::info!(volume = %self.name, snapshot = name, "snapshot deleted");
         VolumeCounters::add(&self.counters.snapshots_deleted);
         Ok(())
+    }
+
+    /// Deletes the access profile of the snapshot at `checkpoint_seq`, if
+    /// any: a hint, so a failure is a log line (the object stays, named by
+    /// a checkpoint number never reused; `volume delete` removes it).
+    async fn delete_profile(&self, checkpoint_seq: u64) {
+        let path = self.names.profile(checkpoint_seq);
+        match self.store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(volume = %self.name, object = %path, error = %strata_store::ErrorText(&e), "the deleted snapshot's access profile was not deleted");
+            }
+        }
     }
 
     /// Makes the volume what it was when snapshot `name` was taken; every

@@ -456,8 +456,39 @@ impl S3Store {
         (segments.len(), segments.iter().map(|(_, size)| size).sum())
     }
 
+    /// Writes `body` as the object `PREFIX/<sub>` (a signed PUT with
+    /// curl), e.g. to damage an object on purpose.
+    pub fn put(&self, sub: &str, body: &[u8]) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), body).unwrap();
+        let key = if self.prefix.is_empty() {
+            sub.to_string()
+        } else {
+            format!("{}/{sub}", self.prefix)
+        };
+        let url = format!("{}/{}/{key}", self.endpoint, self.bucket);
+        let data = format!("@{}", file.path().display());
+        self.curl_with(
+            &url,
+            &[
+                "-X",
+                "PUT",
+                "-H",
+                "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+                "--data-binary",
+                &data,
+            ],
+        );
+    }
+
     /// A signed GET with curl; panics unless it answers 2xx.
     fn curl(&self, url: &str) -> Output {
+        self.curl_with(url, &[])
+    }
+
+    /// A signed request with curl and `extra` arguments; panics unless it
+    /// answers 2xx.
+    fn curl_with(&self, url: &str, extra: &[&str]) -> Output {
         let env: std::collections::HashMap<_, _> = self.env.iter().cloned().collect();
         let user = format!(
             "{}:{}",
@@ -471,6 +502,7 @@ impl S3Store {
                 .arg(user)
                 .arg("--aws-sigv4")
                 .arg(sigv4)
+                .args(extra)
                 .arg(url),
             Duration::from_secs(150),
         )
