@@ -8,6 +8,9 @@ use parking_lot::Mutex;
 
 /// Hydration GETs in flight at once, server-wide.
 pub const MAX_HYDRATION_GETS: usize = 8;
+/// Volumes hydrating (or prefetching a profile) at once, server-wide: each
+/// holds a window of pieces and a profile in memory; the rest wait.
+pub const MAX_HYDRATING_VOLUMES: usize = 4;
 
 /// A token bucket in bytes per second, shared by every volume's hydration
 /// (0: no limit). Holds at most one second of burst.
@@ -51,9 +54,14 @@ impl RateLimit {
     }
 }
 
-/// A server's hydration bounds, shared by its volumes.
+/// A server's hydration bounds, shared by its volumes: GETs in flight.
 pub(crate) fn hydration_slots() -> Arc<tokio::sync::Semaphore> {
     Arc::new(tokio::sync::Semaphore::new(MAX_HYDRATION_GETS))
+}
+
+/// ... and volumes hydrating at once.
+pub(crate) fn hydrating_volumes() -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(MAX_HYDRATING_VOLUMES))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use super::fetch_plan::{
     coalesce, ChunkKey, FetchPlan, IndexKey, RunBytes, MAX_GAP_BYTES, MAX_GET_BYTES,
 };
 use super::hedge::HedgePolicy;
-use super::hydration_limits::{hydration_slots, RateLimit};
+use super::hydration_limits::{hydrating_volumes, hydration_slots, RateLimit};
 use super::inflight::Flights;
 use super::prefetched_runs::PrefetchedRuns;
 use super::ram_cache::{CacheStats, ClockCache};
@@ -103,6 +103,8 @@ pub struct SharedCaches {
     pub(crate) background: Arc<Background>,
     /// Hydration's GETs in flight, server-wide (`hydration.rs`).
     pub(crate) hydration_slots: Arc<tokio::sync::Semaphore>,
+    /// Volumes hydrating at once, server-wide.
+    pub(crate) hydrating_volumes: Arc<tokio::sync::Semaphore>,
     /// Hydration's bandwidth, server-wide (`--hydrate-rate`).
     pub(crate) hydration_rate: RateLimit,
     /// Hedged reads: on, and when (`hedge.rs`).
@@ -132,6 +134,7 @@ impl SharedCaches {
             counters: StoreCounters::default(),
             background: Arc::new(Background::default()),
             hydration_slots: hydration_slots(),
+            hydrating_volumes: hydrating_volumes(),
             hydration_rate: RateLimit::new(config.hydrate.rate_bytes_per_sec),
             hedge_reads: config.hedge_reads,
             hedge: HedgePolicy::default(),

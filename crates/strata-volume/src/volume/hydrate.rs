@@ -29,6 +29,7 @@ use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
 
+use super::profile::{load_profile, Found, ProfilePlace};
 use super::Volume;
 use crate::config::HydrateMode;
 use crate::format::access_profile::AccessProfile;
@@ -73,7 +74,7 @@ pub(crate) fn hydration_mode(
 impl Volume {
     /// Starts hydrating in the background if `self.hydration` says so,
     /// `profile`'s ranges first (those alone when hydration is off).
-    pub(crate) fn start_hydration(self: &Arc<Self>, profile: Option<AccessProfile>) {
+    pub(crate) fn start_hydration(self: &Arc<Self>, profile: Option<ProfilePlace>) {
         if self.hydration.state() == HydrationState::Off && profile.is_none() {
             return;
         }
@@ -82,9 +83,18 @@ impl Volume {
                 .set_profile("recording this clone's first reads".into());
         }
         let weak = Arc::downgrade(self);
+        let turns = self.caches.hydrating_volumes.clone();
         tokio::spawn(async move {
-            if let Some(p) = profile {
-                prefetch_profile(&weak, p).await;
+            // A bounded number of volumes at once (each holds a window of
+            // pieces and its profile in memory); the others wait here.
+            let Ok(_turn) = turns.acquire_owned().await else {
+                return;
+            };
+            if let Some(place) = profile {
+                let name = name_of(&weak);
+                if let Found::Profile(p) = load_profile(&name, &place).await {
+                    prefetch_profile(&weak, p).await;
+                }
             }
             if weak
                 .upgrade()
@@ -246,7 +256,10 @@ async fn hydrate(weak: Weak<Volume>) {
     h.local_bytes.store(local, Ordering::Relaxed);
     let s = h.stats();
     let elapsed_ms = h.elapsed().as_millis() as u64;
-    if remote == 0 {
+    if local + remote == 0 {
+        h.set_state(HydrationState::Done);
+        tracing::debug!(volume = %vol.name, "nothing stored to hydrate");
+    } else if remote == 0 {
         h.set_state(HydrationState::Done);
         tracing::info!(volume = %vol.name, local_bytes = local, fetched_bytes = s.fetched_bytes, gets = s.gets, elapsed_ms, "volume is local: every stored byte is in the disk cache");
     } else if failed {

@@ -10,12 +10,11 @@ use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
 
 use super::hydrate::hydration_mode;
-use super::profile::{load_profile, Found, ProfilePlace, Recording};
+use super::profile::{profile_exists, ProfilePlace, Recording};
 use super::Volume;
 use crate::at_rest::AtRest;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
-use crate::format::access_profile::AccessProfile;
 use crate::format::manifest::Manifest;
 use crate::gc::GcCounters;
 use crate::ownership::{take_ownership, ManifestWriter};
@@ -126,9 +125,9 @@ impl Volume {
     }
 }
 
-/// A clone's access profile at open (`profile.rs`): the snapshot's, to
-/// prefetch, or a recording of this clone's first reads when the snapshot
-/// has none. Only where hydration could run (a remote store, a disk
+/// A clone's access profile at open (`profile.rs`): where the snapshot's
+/// is, to prefetch, or a recording of this clone's first reads when the
+/// snapshot has none. Only where hydration could run (a remote store, a disk
 /// cache), and never for encrypted volumes.
 async fn profiles_at_open(
     config: &VolumeConfig,
@@ -138,7 +137,7 @@ async fn profiles_at_open(
     at_rest: &AtRest,
     caches: &SharedCaches,
     name: &str,
-) -> (Option<Recording>, Option<AccessProfile>) {
+) -> (Option<Recording>, Option<ProfilePlace>) {
     let wanted = config.profile_record || config.profile_prefetch;
     let usable = !store.is_local() && caches.disk_enabled() && at_rest.data_key().is_none();
     let Some(parent) = lineage.parent().filter(|_| wanted && usable) else {
@@ -151,9 +150,11 @@ async fn profiles_at_open(
         checkpoint_seq: parent.bound_seq,
         size_bytes: manifest.size_bytes,
     };
-    match load_profile(name, &place).await {
-        Found::Profile(p) if config.profile_prefetch => (None, Some(p)),
-        Found::None if config.profile_record => (Some(Recording::new(place)), None),
+    // Only a HEAD here: the profile itself is read when hydration's turn
+    // comes (a bounded number of volumes at once, `hydrate.rs`).
+    match profile_exists(name, &place).await {
+        Some(true) if config.profile_prefetch => (None, Some(place)),
+        Some(false) if config.profile_record => (Some(Recording::new(place)), None),
         _ => (None, None),
     }
 }

@@ -74,6 +74,20 @@ pub(crate) async fn load_profile(volume: &str, place: &ProfilePlace) -> Found {
     }
 }
 
+/// Whether `place`'s snapshot has a profile (one HEAD): `None` when the
+/// store cannot say (logged).
+pub(crate) async fn profile_exists(volume: &str, place: &ProfilePlace) -> Option<bool> {
+    let path = place.path();
+    match place.store.object_store().head(&path).await {
+        Ok(_) => Some(true),
+        Err(object_store::Error::NotFound { .. }) => Some(false),
+        Err(e) => {
+            tracing::warn!(volume, object = %path, error = %strata_store::ErrorText(&e), "cannot tell whether the snapshot has an access profile; neither recording nor prefetching one");
+            None
+        }
+    }
+}
+
 /// A clone's recording in progress.
 pub(crate) struct Recording {
     place: ProfilePlace,
