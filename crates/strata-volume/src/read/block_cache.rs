@@ -469,6 +469,32 @@ impl BlockCache {
         file.read_exact_at(buf, at)
     }
 
+    /// Asks the kernel to start reading block `key` into the page cache
+    /// (`POSIX_FADV_WILLNEED`, no wait) if it is cached: the disk cache's
+    /// read-ahead. Its slots are placed by hash, so the kernel's own
+    /// read-ahead cannot know which slot holds a segment's next block.
+    pub fn read_ahead(&self, key: &BlockKey) -> bool {
+        let Some(file) = &self.file else { return false };
+        if !self.enabled() {
+            return false;
+        }
+        let slot = {
+            let set = self.set_of(key);
+            let s = self.sets[set].lock();
+            match (0..self.ways).find(|&w| s.valid & (1 << w) != 0 && s.keys[w] == *key) {
+                Some(way) => self.slot(set, way),
+                None => return false,
+            }
+        };
+        let at = self.geometry.block_offset(slot);
+        let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(BLOCK_BYTES)) else {
+            return false;
+        };
+        // SAFETY: posix_fadvise only operates on the descriptor, which
+        // `file` owns and keeps open for the call; no memory is passed.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_WILLNEED) == 0 }
+    }
+
     /// Whether the slot of `hit` was left alone while it was read.
     pub fn still_holds(&self, hit: &DiskHit, key: &BlockKey) -> bool {
         let s = self.sets[hit.set].lock();

@@ -24,6 +24,9 @@ use crate::format::segment::{SegmentIndex, CHUNK_BYTES};
 /// (microseconds from the page cache, like the embedded store's reads);
 /// more go to the blocking pool so a cold disk cannot stall a worker long.
 const INLINE_DISK_READ_BYTES: u64 = 64 << 10;
+/// Cached blocks of a segment the kernel is asked to read ahead of a read
+/// served from the disk cache (512 KiB).
+const DISK_READ_AHEAD_BLOCKS: u64 = 8;
 
 /// One `pread`: chunks `first..=last` of a block found in the cache, for
 /// the positions `positions` of the read's chunk list.
@@ -73,6 +76,7 @@ impl VolumeReader {
             return false;
         }
         let (first, last) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
+        self.disk_read_ahead(disk, seq, last / CHUNKS_PER_BLOCK, idx);
         let mut chunk = first;
         while chunk <= last {
             let Some(key) = BlockKey::of_chunk(self.volume_key, seq, chunk) else {
@@ -110,6 +114,36 @@ impl VolumeReader {
             chunk = span_last + 1;
         }
         true
+    }
+
+    /// Starts the kernel reading the cached blocks after `block` of segment
+    /// `seq` (up to `DISK_READ_AHEAD_BLOCKS` ahead, each block once): data
+    /// stored together is mostly read together (an image's files, a
+    /// sequential reader), and the slots holding it are scattered.
+    fn disk_read_ahead(&self, disk: &BlockCache, seq: u64, block: u64, idx: &SegmentIndex) {
+        let blocks = u64::from(idx.fixed.chunk_count).div_ceil(CHUNKS_PER_BLOCK);
+        let until = (block + 1 + DISK_READ_AHEAD_BLOCKS).min(blocks);
+        let from = {
+            let mut ahead = self.disk_read_ahead.lock();
+            let from = match *ahead {
+                (s, done) if s == seq && done > block && done <= until => done,
+                _ => block + 1,
+            };
+            if from >= until {
+                return;
+            }
+            *ahead = (seq, until);
+            from
+        };
+        for b in from..until {
+            let Ok(b) = u32::try_from(b) else { return };
+            let key = BlockKey {
+                volume_key: self.volume_key,
+                seq,
+                block: b,
+            };
+            disk.read_ahead(&key);
+        }
     }
 
     /// Reads chunks `first..` of a cached block into `buf` (its length is

@@ -206,6 +206,7 @@ impl SharedCaches {
                     get_bytes: AtomicU64::new(0),
                     data_key,
                     hydrating: AtomicU64::new(0),
+                    disk_read_ahead: Mutex::new((u64::MAX, 0)),
                 })
             })
             .clone()

@@ -53,6 +53,9 @@ pub(crate) struct VolumeReader {
     /// clones' for an ancestor's segments): while any runs, what clients
     /// fetch enters the disk cache on its first fetch.
     pub hydrating: AtomicU64,
+    /// The disk cache's read-ahead: the segment and the block up to which
+    /// the kernel was asked to read (`disk_fill.rs`).
+    pub disk_read_ahead: Mutex<(u64, u64)>,
 }
 
 impl VolumeReader {
