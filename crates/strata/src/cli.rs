@@ -632,7 +632,7 @@ pub struct Budgets {
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub hedge_reads: OnOff,
 
-    /// Record what a clone reads first (its first 60 s or 1 GiB of reads,
+    /// Record what a clone reads first (its first 60 s or 256 MiB of reads,
     /// a VM's first boot) when its snapshot has no access profile yet,
     /// and store it beside the snapshot. Not for encrypted volumes.
     #[arg(long, value_enum, default_value_t = OnOff::On)]

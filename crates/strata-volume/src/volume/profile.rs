@@ -27,7 +27,7 @@ use crate::objects::read_profile;
 /// A recording ends this long after the clone's first read ...
 pub(crate) const RECORD_MS: u64 = 60_000;
 /// ... or once this many bytes were read.
-pub(crate) const RECORD_BYTES: u64 = 1 << 30;
+pub(crate) const RECORD_BYTES: u64 = 256 << 20;
 
 /// Where a clone's snapshot keeps its profile.
 #[derive(Debug, Clone)]
