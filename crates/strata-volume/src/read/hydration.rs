@@ -197,12 +197,15 @@ pub(crate) struct SegmentOutcome {
 /// through `reader`, the reader of the volume that owns the segment.
 /// Returns how much of the pieces is local afterwards. A GET that fails
 /// is an error for the caller to count; nothing is cached from it.
+/// `max_gap_bytes`: missing blocks at most this far apart share a GET
+/// (what lies between is fetched too: 0 never fetches what is local).
 pub(crate) async fn hydrate_segment(
     caches: &SharedCaches,
     reader: &VolumeReader,
     seq: u64,
     pieces: &[(u64, u64)],
     progress: &Hydration,
+    max_gap_bytes: u64,
 ) -> Result<SegmentOutcome, VolumeError> {
     let key = |block: u64| BlockKey {
         volume_key: reader.volume_key,
@@ -225,7 +228,7 @@ pub(crate) async fn hydrate_segment(
     // (no free slot after all), once `fetch_blocks` returns.
     let mut theirs: Vec<u64> = Vec::new();
     if !missing.is_empty() {
-        theirs = fetch_blocks(caches, reader, seq, &missing, progress).await?;
+        theirs = fetch_blocks(caches, reader, seq, &missing, progress, max_gap_bytes).await?;
     }
     let local = |b: u64| theirs.binary_search(&b).is_ok() || caches.disk.contains(&key(b));
     let mut out = SegmentOutcome::default();
@@ -249,6 +252,7 @@ async fn fetch_blocks(
     seq: u64,
     blocks: &[u64],
     progress: &Hydration,
+    max_gap_bytes: u64,
 ) -> Result<Vec<u64>, VolumeError> {
     let idx = reader.segment_index(caches, seq).await?;
     let chunk_count = u64::from(idx.fixed.chunk_count);
@@ -257,9 +261,8 @@ async fn fetch_blocks(
         .flat_map(|&b| b * CHUNKS_PER_BLOCK..((b + 1) * CHUNKS_PER_BLOCK).min(chunk_count))
         .collect();
     let all: Vec<usize> = (0..numbers.len()).collect();
-    // Chunks a client read is fetching come back as waits: not ours. No
-    // gaps: what lies between missing blocks is local already.
-    let plan = caches.plan_fetch_with_gap(reader.uuid, seq, &numbers, &all, false, 0);
+    // Chunks a client read is fetching come back as waits: not ours.
+    let plan = caches.plan_fetch_with_gap(reader.uuid, seq, &numbers, &all, false, max_gap_bytes);
     let fetches = futures::stream::iter(plan.runs).map(|(run, claim)| {
         let idx = idx.clone();
         async move {

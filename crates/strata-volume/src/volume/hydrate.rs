@@ -191,7 +191,12 @@ impl Drop for Hydrating {
 
 /// Volume bytes of a profile's ranges hydrated as one batch (in order;
 /// inside a batch, segments in parallel).
-const PROFILE_BATCH_BYTES: u64 = 16 << 20;
+const PROFILE_BATCH_BYTES: u64 = 32 << 20;
+/// A profile's blocks this close in a segment share one GET: a boot's
+/// reads are many small files' blocks, and what lies between them is
+/// mostly not local yet either (measured: a whole-image profile took
+/// 1,900 GETs of ~130 KiB with no gap, where address order takes 75).
+const PROFILE_GAP_BYTES: u64 = 256 << 10;
 
 /// Fetches a profile's ranges into the disk cache, in the order they were
 /// first read, before any client asks (the guest's boot reads them next).
@@ -217,7 +222,8 @@ async fn prefetch_profile(weak: &Weak<Volume>, profile: AccessProfile) {
         vol.stored_pieces_of(r.offset..r.offset.saturating_add(r.len), &mut batch);
         batch_bytes += r.len;
         if batch_bytes >= PROFILE_BATCH_BYTES || batch.len() >= MAX_WINDOW_PIECES || i == last {
-            let w = hydrate_window(&vol, &h, std::mem::take(&mut batch)).await;
+            let pieces = std::mem::take(&mut batch);
+            let w = hydrate_window(&vol, &h, pieces, PROFILE_GAP_BYTES).await;
             local += w.local;
             h.profile_bytes.store(local, Ordering::Relaxed);
             batch_bytes = 0;
@@ -317,7 +323,8 @@ async fn fetch_all(weak: &Weak<Volume>, h: &Arc<Hydration>) -> Option<Outcome> {
             return None;
         }
         let (pieces, next) = vol.hydration_window(at);
-        let w = hydrate_window(&vol, h, pieces).await;
+        // No gap: what lies between missing blocks is local already.
+        let w = hydrate_window(&vol, h, pieces, 0).await;
         local += w.local;
         remote += w.remote;
         failed |= w.failed;
@@ -360,6 +367,7 @@ async fn hydrate_window(
     vol: &Arc<Volume>,
     h: &Hydration,
     pieces: Vec<(u64, u64, u64)>,
+    max_gap_bytes: u64,
 ) -> WindowOutcome {
     let mut by_seq: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
     for (seq, offset, len) in pieces {
@@ -372,7 +380,7 @@ async fn hydrate_window(
         let reader = vol.lineage.reader_for(caches, &own, seq);
         async move {
             let bytes: u64 = pieces.iter().map(|p| p.1).sum();
-            let result = hydrate_segment(caches, &reader, seq, &pieces, h).await;
+            let result = hydrate_segment(caches, &reader, seq, &pieces, h, max_gap_bytes).await;
             (seq, bytes, result)
         }
     });
