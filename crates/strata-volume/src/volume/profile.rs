@@ -170,6 +170,16 @@ impl Recording {
                 ranges: std::mem::take(&mut *r).ranges,
             }
         };
+        // A resize while recording may have moved the end: keep what a
+        // reader will accept.
+        let mut profile = profile;
+        let size = profile.size_bytes;
+        profile
+            .ranges
+            .retain(|r| r.offset.saturating_add(r.len) <= size);
+        if profile.ranges.is_empty() {
+            return;
+        }
         let (ranges, bytes) = (profile.ranges.len(), profile.bytes());
         let path = self.place.path();
         let payload = Bytes::from(profile.encode());
