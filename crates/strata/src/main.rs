@@ -29,7 +29,7 @@ use crate::cli::{
     Cli, Command, DurabilityArg, GcArgs, KeyCommand, LogFormat, OnOff, OnOffAuto, ServeArgs,
     StoreCommand, VolumeCommand,
 };
-use crate::size::{format_size, size_option};
+use crate::size::{approx_size, format_size, size_option};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -655,21 +655,21 @@ fn print_hydration_info(v: &strata_volume::VolumeInfo) {
         .unwrap_or(100);
     let local = format!(
         "{} of {} local ({percent}%)",
-        format_size(h.local_bytes),
-        format_size(h.total_bytes)
+        approx_size(h.local_bytes),
+        approx_size(h.total_bytes)
     );
     let line = match h.state {
         S::Off => format!("off ({})", h.mode),
         S::Scanning => "measuring what to fetch".to_string(),
         S::Running => format!(
             "{local}, {}/s, {} to go",
-            format_size(h.rate_bytes_per_sec),
+            approx_size(h.rate_bytes_per_sec),
             h.eta_seconds
                 .map_or("?".to_string(), |s| format!("about {s} s"))
         ),
         S::Done => format!(
             "done: {local}, {} fetched in {} GETs, {:.1} s",
-            format_size(h.fetched_bytes),
+            approx_size(h.fetched_bytes),
             h.gets,
             h.elapsed_ms as f64 / 1000.0
         ),

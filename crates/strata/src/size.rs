@@ -50,9 +50,34 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
+/// `bytes` for people, rounded: "412.3 MiB", "1.0 GiB", "812 B" (for
+/// progress figures that are rarely whole units).
+pub fn approx_size(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 5] = [
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ];
+    for (name, shift) in UNITS {
+        if bytes >= (1 << shift) {
+            return format!("{:.1} {name}", bytes as f64 / (1u64 << shift) as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn approx_sizes_round_to_one_decimal() {
+        assert_eq!(approx_size(812), "812 B");
+        assert_eq!(approx_size(1 << 30), "1.0 GiB");
+        assert_eq!(approx_size(412 * (1 << 20) + (3 << 20) / 10), "412.3 MiB");
+    }
 
     #[test]
     fn parses_units_with_and_without_ib() {
