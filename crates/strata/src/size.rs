@@ -33,15 +33,17 @@ pub fn parse_size(input: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {input:?} is too large"))
 }
 
+/// Binary units, largest first, and their shifts.
+const UNITS: [(&str, u32); 5] = [
+    ("PiB", 50),
+    ("TiB", 40),
+    ("GiB", 30),
+    ("MiB", 20),
+    ("KiB", 10),
+];
+
 /// `10 GiB`, `512 MiB`, `1000 B`: the largest unit that divides exactly.
 pub fn format_size(bytes: u64) -> String {
-    const UNITS: [(&str, u32); 5] = [
-        ("PiB", 50),
-        ("TiB", 40),
-        ("GiB", 30),
-        ("MiB", 20),
-        ("KiB", 10),
-    ];
     for (name, shift) in UNITS {
         if bytes >= (1 << shift) && bytes.is_multiple_of(1 << shift) {
             return format!("{} {name}", bytes >> shift);
@@ -53,13 +55,6 @@ pub fn format_size(bytes: u64) -> String {
 /// `bytes` for people, rounded: "412.3 MiB", "1.0 GiB", "812 B" (for
 /// progress figures that are rarely whole units).
 pub fn approx_size(bytes: u64) -> String {
-    const UNITS: [(&str, u32); 5] = [
-        ("PiB", 50),
-        ("TiB", 40),
-        ("GiB", 30),
-        ("MiB", 20),
-        ("KiB", 10),
-    ];
     for (name, shift) in UNITS {
         if bytes >= (1 << shift) {
             return format!("{:.1} {name}", bytes as f64 / (1u64 << shift) as f64);

@@ -152,6 +152,38 @@ fn fresh_stats(path: &Path, t: Instant) -> serde_json::Value {
     }
 }
 
+/// A test's setting: a scratch dir, the server's stats file, a fresh
+/// bucket, and a server on it that made the image (`make_image`) and
+/// stopped.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    stats_path: std::path::PathBuf,
+    sp: String,
+    store: S3Store,
+    server: Server,
+}
+
+fn image_stopped(prefix: &str) -> Fixture {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let stats_path = tmp.path().join("stats.json");
+    let sp = stats_path.display().to_string();
+    let store = S3Store::on_shared_minio(prefix);
+    let mut server = Server::start(
+        tmp.path(),
+        Target::strata_s3(&store, &args(&sp, "256MiB", &[])),
+        &[("base", VOL)],
+    );
+    make_image(&server);
+    server.stop();
+    Fixture {
+        _tmp: tmp,
+        stats_path,
+        sp,
+        store,
+        server,
+    }
+}
+
 #[test]
 fn a_clone_on_a_new_host_becomes_local_then_reads_send_no_get() {
     require_tools(&["qemu-io"]);
@@ -212,19 +244,15 @@ fn a_clone_on_a_new_host_becomes_local_then_reads_send_no_get() {
 fn kill_9_during_hydration_resumes_without_fetching_what_is_local() {
     require_tools(&["qemu-io"]);
     let _serial = serial();
-    let tmp = tempfile::TempDir::new().unwrap();
-    let stats_path = tmp.path().join("stats.json");
-    let sp = stats_path.display().to_string();
-    let store = S3Store::on_shared_minio("hydrate-kill");
+    let Fixture {
+        stats_path,
+        sp,
+        store,
+        mut server,
+        _tmp,
+    } = image_stopped("hydrate-kill");
     // 8 MiB/s: the 48 MiB image takes about 6 s, so the kill lands midway.
     let slow = args(&sp, "256MiB", &["--hydrate-rate", "8MiB"]);
-    let mut server = Server::start(
-        tmp.path(),
-        Target::strata_s3(&store, &slow),
-        &[("base", VOL)],
-    );
-    make_image(&server);
-    server.stop();
     // Only the clone is served on the new host.
     server.target = Target::strata_s3(&store, &slow).with_args(&["--volume", "clone"]);
     server.restart_on_new_host();
@@ -266,17 +294,13 @@ fn kill_9_during_hydration_resumes_without_fetching_what_is_local() {
 fn hydration_never_evicts_what_clients_read() {
     require_tools(&["qemu-io"]);
     let _serial = serial();
-    let tmp = tempfile::TempDir::new().unwrap();
-    let stats_path = tmp.path().join("stats.json");
-    let sp = stats_path.display().to_string();
-    let store = S3Store::on_shared_minio("hydrate-small");
-    let mut server = Server::start(
-        tmp.path(),
-        Target::strata_s3(&store, &args(&sp, "256MiB", &[])),
-        &[("base", VOL)],
-    );
-    make_image(&server);
-    server.stop();
+    let Fixture {
+        stats_path,
+        sp,
+        store,
+        mut server,
+        _tmp,
+    } = image_stopped("hydrate-small");
     // A 24 MiB disk cache for a 48 MiB clone, hydrating slowly: a client
     // reads the image's end first; hydration (address order) fills the
     // free room and stops, and what the client read stays.
@@ -305,17 +329,13 @@ fn hydration_never_evicts_what_clients_read() {
 fn hydrate_off_fetches_nothing_in_the_background() {
     require_tools(&["qemu-io"]);
     let _serial = serial();
-    let tmp = tempfile::TempDir::new().unwrap();
-    let stats_path = tmp.path().join("stats.json");
-    let sp = stats_path.display().to_string();
-    let store = S3Store::on_shared_minio("hydrate-off");
-    let mut server = Server::start(
-        tmp.path(),
-        Target::strata_s3(&store, &args(&sp, "256MiB", &[])),
-        &[("base", VOL)],
-    );
-    make_image(&server);
-    server.stop();
+    let Fixture {
+        stats_path,
+        sp,
+        store,
+        mut server,
+        _tmp,
+    } = image_stopped("hydrate-off");
     server.target = Target::strata_s3(&store, &args(&sp, "256MiB", &["--hydrate", "off"]));
     server.restart_on_new_host();
     std::thread::sleep(Duration::from_secs(1));

@@ -77,12 +77,7 @@ impl Engine {
         validate_volume_name(volume).map_err(VolumeError::Invalid)?;
         validate_snapshot_name(name).map_err(VolumeError::Invalid)?;
         let m = read_manifest(&self.store, volume).await?;
-        let record = m
-            .snapshot(name)
-            .ok_or_else(|| VolumeError::SnapshotNotFound {
-                volume: volume.to_string(),
-                snapshot: name.to_string(),
-            })?;
+        let record = snapshot_of(&m, volume, name)?;
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(volume);
         read_profile(&self.store, &names, &uuid, record.checkpoint_seq).await
@@ -101,13 +96,7 @@ impl Engine {
             return Ok(view);
         }
         let m = read_manifest(&self.store, volume).await?;
-        let record = m
-            .snapshot(name)
-            .cloned()
-            .ok_or_else(|| VolumeError::SnapshotNotFound {
-                volume: volume.to_string(),
-                snapshot: name.to_string(),
-            })?;
+        let record = snapshot_of(&m, volume, name)?.clone();
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(volume);
         let data_key = self.data_key(&m)?;
@@ -148,4 +137,17 @@ impl Engine {
             lineage,
         )))
     }
+}
+
+/// Snapshot `name` in `volume`'s manifest `m`, or the error that says so.
+fn snapshot_of<'m>(
+    m: &'m Manifest,
+    volume: &str,
+    name: &str,
+) -> Result<&'m SnapshotRecord, VolumeError> {
+    m.snapshot(name)
+        .ok_or_else(|| VolumeError::SnapshotNotFound {
+            volume: volume.to_string(),
+            snapshot: name.to_string(),
+        })
 }

@@ -4,7 +4,8 @@
 //! tail of a real store is much longer than its median).
 //!
 //! This file owns the latency record the hedge delay comes from
-//! (`HedgePolicy`: the last `SAMPLES` small GETs' times), the hedge budget
+//! (`HedgePolicy`: the last `SAMPLES` small GETs' times, the delay
+//! recomputed every `RECOMPUTE_EVERY` of them), the hedge budget
 //! (at most one GET in `BUDGET_ONE_IN` is hedged), and the race itself
 //! (`hedged`). The loser is dropped, which cancels its request: one answer
 //! is ever used, and it is verified like any other (`segment_fetch.rs`).
@@ -23,6 +24,9 @@ use parking_lot::Mutex;
 const SAMPLES: usize = 256;
 /// Times needed before any GET is hedged.
 const MIN_SAMPLES: usize = 32;
+/// The delay is recomputed every this many times (a sort of `SAMPLES`),
+/// not on every GET.
+const RECOMPUTE_EVERY: usize = 16;
 /// At most one GET in this many is hedged (a store in trouble is not sent
 /// twice the load).
 const BUDGET_ONE_IN: u64 = 20;
@@ -34,8 +38,12 @@ const MIN_HEDGE_DELAY: Duration = Duration::from_millis(5);
 
 /// When to hedge, from recent GET times; and what was hedged.
 pub(crate) struct HedgePolicy {
-    /// A ring of recent small-GET times, microseconds.
+    /// A ring of recent small-GET times, microseconds, and how many were
+    /// recorded.
     times_us: Mutex<(Vec<u64>, usize)>,
+    /// The hedge delay from those times, recomputed every
+    /// `RECOMPUTE_EVERY` records (0: not enough known): a GET only reads it.
+    delay_us: AtomicU64,
     gets: AtomicU64,
     pub hedged: AtomicU64,
     /// Hedged GETs whose second request answered first.
@@ -46,6 +54,7 @@ impl Default for HedgePolicy {
     fn default() -> Self {
         HedgePolicy {
             times_us: Mutex::new((Vec::with_capacity(SAMPLES), 0)),
+            delay_us: AtomicU64::new(0),
             gets: AtomicU64::new(0),
             hedged: AtomicU64::new(0),
             hedge_wins: AtomicU64::new(0),
@@ -58,13 +67,23 @@ impl HedgePolicy {
     pub fn record(&self, took: Duration) {
         let us = took.as_micros().min(u128::from(u64::MAX)) as u64;
         let mut g = self.times_us.lock();
-        let (times, next) = &mut *g;
+        let (times, recorded) = &mut *g;
         if times.len() < SAMPLES {
             times.push(us);
         } else {
-            times[*next] = us;
+            times[*recorded % SAMPLES] = us;
         }
-        *next = (*next + 1) % SAMPLES;
+        *recorded += 1;
+        if times.len() < MIN_SAMPLES || *recorded % RECOMPUTE_EVERY != 0 {
+            return;
+        }
+        let mut sorted = times.clone();
+        drop(g);
+        sorted.sort_unstable();
+        let at = |q: usize| sorted[(sorted.len() - 1) * q / 100];
+        let us = (2 * at(50)).max(at(95));
+        let floor = MIN_HEDGE_DELAY.as_micros() as u64;
+        self.delay_us.store(us.max(floor), Ordering::Relaxed);
     }
 
     /// How long a GET of `bytes` waits before it is hedged: twice the
@@ -78,17 +97,10 @@ impl HedgePolicy {
         if self.hedged.load(Ordering::Relaxed) * BUDGET_ONE_IN >= n {
             return None;
         }
-        let mut sorted = {
-            let g = self.times_us.lock();
-            if g.0.len() < MIN_SAMPLES {
-                return None;
-            }
-            g.0.clone()
-        };
-        sorted.sort_unstable();
-        let at = |q: usize| sorted[(sorted.len() - 1) * q / 100];
-        let us = (2 * at(50)).max(at(95));
-        Some(Duration::from_micros(us).max(MIN_HEDGE_DELAY))
+        match self.delay_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
     }
 }
 

@@ -105,26 +105,34 @@ impl Volume {
         });
     }
 
-    /// The stored pieces of volume range `range`, not in memory, with
-    /// their volume offsets' order kept.
-    fn stored_pieces_of(&self, range: Range<u64>, out: &mut Vec<(u64, u64, u64)>) {
-        let size = self.size_bytes();
-        let end = range.end.min(size);
+    /// Appends the stored pieces of volume range `range` that are not in
+    /// memory, in address order, up to `max` in `out`; returns where it
+    /// stopped (the range's end, or the end of the piece that filled
+    /// `out`).
+    fn stored_pieces_of(
+        &self,
+        range: Range<u64>,
+        out: &mut Vec<(u64, u64, u64)>,
+        max: usize,
+    ) -> u64 {
+        let end = range.end.min(self.size_bytes());
         if range.start >= end {
-            return;
+            return end;
         }
+        let mut stop = end;
         let st = self.state.lock();
         st.map.lookup(range.start, end - range.start, |p| {
             let Some(Target::Data { seq, offset }) = p.target else {
                 return;
             };
-            let in_memory = seq == st.open.seq
-                || st.sealed.contains_key(&seq)
-                || st.settling.contains_key(&seq);
-            if !in_memory {
+            if out.len() < max && !st.in_memory(seq) {
                 out.push((seq, offset, p.len));
+                if out.len() == max {
+                    stop = p.start + p.len;
+                }
             }
         });
+        stop
     }
 
     fn hydration_should_stop(&self) -> bool {
@@ -133,28 +141,12 @@ impl Volume {
 
     /// The stored pieces of the window starting at `start`, not in memory.
     fn hydration_window(&self, start: u64) -> Window {
-        let size = self.size_bytes();
-        let len = WINDOW_BYTES.min(size.saturating_sub(start));
         let mut pieces = Vec::new();
-        let mut next = start + len;
-        let st = self.state.lock();
-        st.map.lookup(start, len, |p| {
-            let Some(Target::Data { seq, offset }) = p.target else {
-                return;
-            };
-            if pieces.len() >= MAX_WINDOW_PIECES {
-                return;
-            }
-            let in_memory = seq == st.open.seq
-                || st.sealed.contains_key(&seq)
-                || st.settling.contains_key(&seq);
-            if !in_memory {
-                pieces.push((seq, offset, p.len));
-                if pieces.len() == MAX_WINDOW_PIECES {
-                    next = p.start + p.len;
-                }
-            }
-        });
+        let next = self.stored_pieces_of(
+            start..start.saturating_add(WINDOW_BYTES),
+            &mut pieces,
+            MAX_WINDOW_PIECES,
+        );
         (pieces, next)
     }
 
@@ -219,7 +211,10 @@ async fn prefetch_profile(weak: &Weak<Volume>, profile: AccessProfile) {
         if vol.hydration_should_stop() {
             return;
         }
-        vol.stored_pieces_of(r.offset..r.offset.saturating_add(r.len), &mut batch);
+        // A range is at most 32 MiB (`MAX_RANGE_BYTES`), so its pieces are
+        // bounded; the batch is sent once it holds a window's worth.
+        let range = r.offset..r.offset.saturating_add(r.len);
+        vol.stored_pieces_of(range, &mut batch, usize::MAX);
         batch_bytes += r.len;
         if batch_bytes >= PROFILE_BATCH_BYTES || batch.len() >= MAX_WINDOW_PIECES || i == last {
             let pieces = std::mem::take(&mut batch);

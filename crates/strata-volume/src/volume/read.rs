@@ -140,10 +140,7 @@ impl Volume {
         let st = self.state.lock();
         st.map.lookup(range.start, range.end - range.start, |p| {
             if let Some(Target::Data { seq, offset }) = p.target {
-                let in_memory = seq == st.open.seq
-                    || st.sealed.contains_key(&seq)
-                    || st.settling.contains_key(&seq);
-                if !in_memory && seq > base && out.len() < MAX_WINDOW_PIECES {
+                if !st.in_memory(seq) && seq > base && out.len() < MAX_WINDOW_PIECES {
                     out.push((seq, offset, p.len));
                 }
             }

@@ -58,6 +58,12 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Whether segment `seq`'s data is in memory (open, sealed, or
+    /// uploaded but not yet in the disk cache): reads copy it, no fetch.
+    pub(crate) fn in_memory(&self, seq: u64) -> bool {
+        seq == self.open.seq || self.sealed.contains_key(&seq) || self.settling.contains_key(&seq)
+    }
+
     /// Seals the open segment into `sealed` and opens the next one in
     /// `buffer` (the write path and journal replay share this).
     pub(crate) fn seal_open(&mut self, buffer: Vec<u8>) -> Arc<SealedSegment> {
