@@ -599,7 +599,9 @@ pub struct Budgets {
     #[arg(long, default_value = "auto", value_name = "SIZE")]
     pub disk_cache_size: String,
 
-    /// Largest read-ahead window of a sequential reader; 0 disables.
+    /// Largest read-ahead window of a reader whose reads follow each other
+    /// (sequential, or skipping ahead at most 1 MiB: the files of a
+    /// directory); 0 disables.
     /// `auto`: 8MiB for remote stores, 0 for the embedded store.
     #[arg(long, default_value = "auto", value_name = "SIZE")]
     pub readahead: String,

@@ -29,6 +29,10 @@ fn run(hedge: &str) -> serde_json::Value {
         "off",
         "--hydrate",
         "off",
+        // Each read must be a GET of its own: read-ahead would take reads
+        // that land near each other as a stream and fetch them in windows.
+        "--readahead",
+        "0",
         "--hedge-reads",
         hedge,
         "--stats-interval-ms",

@@ -455,3 +455,66 @@ fn a_profile_recorded_on_one_clone_prefetches_for_the_next() {
     let log = server.last_stderr();
     assert_eq!(log.matches("access profile ignored").count(), 1, "{log}");
 }
+
+#[test]
+fn an_encrypted_images_profile_is_sealed_and_prefetches_for_the_next_clone() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let stats_path = tmp.path().join("stats.json");
+    let sp = stats_path.display().to_string();
+    let key = tmp.path().join("key");
+    run_ok(
+        std::process::Command::new(strata_bin())
+            .args(["key", "generate"])
+            .arg(&key),
+        Duration::from_secs(10),
+    );
+    let k = key.to_str().unwrap();
+    let store = S3Store::on_shared_minio("profiles-enc");
+    let off = args(&sp, "256MiB", &["--hydrate", "off", "--key-file", k]);
+    let mut server = Server::start(
+        tmp.path(),
+        Target::strata_s3(&store, &off),
+        &[("base", VOL)],
+    );
+    write(
+        &server,
+        "base",
+        &["write -P 0x5a 0 16M", "write -P 0xa5 16M 16M"],
+    );
+    server.cli_ok(&["--key-file", k, "snapshot", "create", "base@gold"]);
+    server.cli_ok(&["--key-file", k, "volume", "clone", "base@gold", "c1"]);
+    let boot = ["read -P 0xa5 20M 3M", "read -P 0x5a 1M 1M"].map(String::from);
+    qemu_io_verify(&server.uri("c1"), &boot, "c1's first boot");
+    server.stop();
+    assert!(
+        server.stderr().contains("access profile stored"),
+        "no profile stored for an encrypted clone"
+    );
+    // Sealed: shown with the key, refused without it.
+    let shown = server.cli_ok(&["--key-file", k, "snapshot", "profile", "base@gold"]);
+    assert!(shown.contains("2 ranges"), "{shown}");
+    let err = server.cli_err(&["snapshot", "profile", "base@gold"]);
+    assert!(err.contains("key"), "{err}");
+    // The next clone, on a new host, prefetches it before its first read.
+    server.cli_ok(&["--key-file", k, "volume", "clone", "base@gold", "c2"]);
+    server.target = Target::strata_s3(&store, &off).with_args(&["--volume", "c2"]);
+    server.restart_on_new_host();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = hydration(&server, "c2");
+        let state = h["profile"].as_str().unwrap_or("").to_string();
+        if state.starts_with("prefetched") {
+            assert_eq!(h["profile_bytes"].as_u64(), Some(4 * MIB), "{h}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "profile not prefetched: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = fresh_stats(&stats_path, Instant::now());
+    qemu_io_verify(&server.uri("c2"), &boot, "c2's boot, prefetched");
+    let after = fresh_stats(&stats_path, Instant::now());
+    assert_eq!(gets(&before).0, gets(&after).0, "the boot sent data GETs");
+    server.stop();
+}

@@ -15,5 +15,6 @@ mod segment_encoding;
 mod settings;
 
 pub use key_file::{generate_key_file, key_from_env, load_key_file, KEY_ENV};
+pub(crate) use random::random_array;
 pub(crate) use segment_encoding::encode_sealed;
 pub(crate) use settings::{compression_of, data_key_of, new_volume_at_rest, wrap_record, AtRest};

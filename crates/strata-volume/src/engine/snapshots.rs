@@ -80,7 +80,15 @@ impl Engine {
         let record = snapshot_of(&m, volume, name)?;
         let uuid = m.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(volume);
-        read_profile(&self.store, &names, &uuid, record.checkpoint_seq).await
+        let key = self.data_key(&m)?;
+        read_profile(
+            &self.store,
+            &names,
+            &uuid,
+            record.checkpoint_seq,
+            key.as_ref(),
+        )
+        .await
     }
 
     /// Snapshot `name` of `volume`, read-only (shared while in use).

@@ -138,7 +138,11 @@ pub fn decode_segment(data: &[u8]) {
 /// key and without.
 pub fn decode_sealed_object(data: &[u8]) {
     use super::sealed_object::{open, SealedKind};
-    for kind in [SealedKind::Checkpoint, SealedKind::SnapshotDelta] {
+    for kind in [
+        SealedKind::Checkpoint,
+        SealedKind::SnapshotDelta,
+        SealedKind::AccessProfile,
+    ] {
         let _ = open(data, kind, 1, &[0; 16], None);
         if let Ok(inner) = open(data, kind, 1, &[0; 16], Some(&[7; 32])) {
             decode_checkpoint(&inner);

@@ -1,17 +1,19 @@
 //! The envelope of an encrypted volume's metadata objects: checkpoints and
-//! snapshot deltas (the extent map: which ranges hold data, and where) are
-//! sealed whole, so the bucket shows their size and nothing else. The
+//! snapshot deltas (the extent map: which ranges hold data, and where) and
+//! snapshots' access profiles (which ranges a clone's guest reads first)
+//! are sealed whole, so the bucket shows their size and nothing else. The
 //! object inside is the unencrypted format (`checkpoint.rs`,
-//! `snapshot_delta.rs`), decoded after opening.
+//! `snapshot_delta.rs`, `access_profile.rs`), decoded after opening.
 //!
 //! ## Layout (little endian)
 //!
 //! ```text
 //!  0  8  magic "STRATSLD"
 //!  8  2  version (1)
-//! 10  2  kind: 1 checkpoint, 2 snapshot delta
+//! 10  2  kind: 1 checkpoint, 2 snapshot delta, 3 access profile
 //! 12  4  zero
-//! 16  8  seq: the checkpoint's, or the delta's newer snapshot checkpoint
+//! 16  8  seq: the checkpoint's, the delta's newer snapshot checkpoint, or
+//!        the profiled snapshot's checkpoint
 //! 24 16  volume uuid
 //! 40 32  salt: the object's key is HKDF(data key, salt) (`frame.rs`)
 //! 72  4  CRC32C of bytes [0, 72)
@@ -35,6 +37,7 @@ const SALT_BYTES: usize = 32;
 pub enum SealedKind {
     Checkpoint,
     SnapshotDelta,
+    AccessProfile,
 }
 
 impl SealedKind {
@@ -42,6 +45,7 @@ impl SealedKind {
         match self {
             SealedKind::Checkpoint => 1,
             SealedKind::SnapshotDelta => 2,
+            SealedKind::AccessProfile => 3,
         }
     }
 

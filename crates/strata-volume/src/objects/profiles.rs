@@ -1,12 +1,21 @@
 //! Reading a snapshot's access profile (`format/access_profile.rs`):
 //! bounded (a HEAD first, nothing over `MAX_PROFILE_BYTES` fetched),
-//! verified, and checked to be of the snapshot asked for.
+//! opened with the volume's data key when sealed (an encrypted volume's,
+//! `format/sealed_object.rs`), verified, and checked to be of the snapshot
+//! asked for.
 
 use strata_store::{ObjectNames, Store};
 
+use super::checkpoints::unseal;
 use super::store_error::store_error;
 use crate::error::VolumeError;
 use crate::format::access_profile::{AccessProfile, MAX_PROFILE_BYTES};
+use crate::format::key_wrap::Key;
+use crate::format::sealed_object::SealedKind;
+
+/// What a sealed profile adds to the profile itself (its envelope's header
+/// and tag).
+const SEALED_OVERHEAD_BYTES: u64 = 4096;
 
 /// The profile of the snapshot at `checkpoint_seq` of volume `uuid`:
 /// `None` when there is none; `Corrupt` when it does not verify.
@@ -15,6 +24,7 @@ pub(crate) async fn read_profile(
     names: &ObjectNames,
     uuid: &[u8; 16],
     checkpoint_seq: u64,
+    data_key: Option<&Key>,
 ) -> Result<Option<AccessProfile>, VolumeError> {
     let path = names.profile(checkpoint_seq);
     let corrupt = |detail: String| VolumeError::Corrupt {
@@ -26,7 +36,7 @@ pub(crate) async fn read_profile(
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(store_error(store, "read", &path)(e)),
     };
-    if size > MAX_PROFILE_BYTES as u64 {
+    if size > MAX_PROFILE_BYTES as u64 + SEALED_OVERHEAD_BYTES {
         return Err(corrupt(format!(
             "{size} bytes, over the {MAX_PROFILE_BYTES} a profile may have"
         )));
@@ -36,6 +46,8 @@ pub(crate) async fn read_profile(
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(store_error(store, "read", &path)(e)),
     };
+    let kind = SealedKind::AccessProfile;
+    let bytes = unseal(&bytes, kind, checkpoint_seq, uuid, data_key).map_err(&corrupt)?;
     let profile = AccessProfile::decode(&bytes).map_err(corrupt)?;
     profile.check_for(uuid, checkpoint_seq).map_err(corrupt)?;
     Ok(Some(profile))

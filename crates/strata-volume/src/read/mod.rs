@@ -45,7 +45,7 @@ mod volume_reader;
 pub use block_cache::DiskCacheStats;
 pub(crate) use disk_writer::OnDone;
 pub(crate) use fetch_plan::{stored_pieces_in, StoredPiece};
-pub(crate) use hydration::{hydrate_segment, Hydration};
+pub(crate) use hydration::{hydrate_segment, Gaps, Hydration};
 pub use hydration::{HydrationState, HydrationStats};
 pub(crate) use prefetch::{start_readahead, MAX_WINDOW_PIECES};
 pub use ram_cache::CacheStats;

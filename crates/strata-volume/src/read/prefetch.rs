@@ -23,13 +23,20 @@ const MAX_WINDOW_GETS: usize = 4;
 /// tiny extents stops early rather than holding the lock long).
 pub(crate) const MAX_WINDOW_PIECES: usize = 4096;
 
-/// Claimed runs of one segment to prefetch.
-type SegmentRuns = (u64, Vec<(Range<u64>, Claim<ChunkKey, RunBytes>)>);
+/// Claimed runs of one segment to prefetch, with the reader of the volume
+/// that owns the segment (a clone's ancestor's, for inherited data).
+type SegmentRuns = (
+    Arc<VolumeReader>,
+    u64,
+    Vec<(Range<u64>, Claim<ChunkKey, RunBytes>)>,
+);
 
 /// Notes a read of `[offset, offset+len)` of a volume of `size_bytes` and,
 /// for a sequential reader, starts fetching the next window in the
 /// background. `stored_pieces` looks a window up in the volume's map (under
-/// its lock, no I/O). Never waits and does no I/O itself.
+/// its lock, no I/O); `reader_for` names the reader of the volume that owns
+/// a segment (`Lineage::reader_for`: a clone reads ahead in its image's
+/// data too). Never waits and does no I/O itself.
 pub(crate) fn start_readahead(
     caches: &Arc<SharedCaches>,
     reader: &Arc<VolumeReader>,
@@ -37,6 +44,7 @@ pub(crate) fn start_readahead(
     len: u64,
     size_bytes: u64,
     stored_pieces: impl FnOnce(Range<u64>) -> Vec<(u64, u64, u64)>,
+    reader_for: impl Fn(u64) -> Arc<VolumeReader>,
 ) {
     let ra = &caches.readahead;
     if ra.max_window_bytes == 0 || len == 0 {
@@ -51,16 +59,15 @@ pub(crate) fn start_readahead(
         ra.windows_skipped.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let plan = claim_window(caches, reader, stored_pieces(window));
+    let plan = claim_window(caches, stored_pieces(window), reader_for);
     if plan.is_empty() {
         return;
     }
     ra.windows_issued.fetch_add(1, Ordering::Relaxed);
     let caches = caches.clone();
-    let reader = reader.clone();
     let job = caches.background.start();
     tokio::spawn(async move {
-        prefetch(&caches, &reader, plan).await;
+        prefetch(&caches, plan).await;
         drop((permit, job));
     });
 }
@@ -68,8 +75,8 @@ pub(crate) fn start_readahead(
 /// Claims the chunks of `pieces` no tier has and nobody is fetching.
 fn claim_window(
     caches: &SharedCaches,
-    reader: &VolumeReader,
     pieces: Vec<(u64, u64, u64)>,
+    reader_for: impl Fn(u64) -> Arc<VolumeReader>,
 ) -> Vec<SegmentRuns> {
     let mut by_seq: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for (seq, offset, len) in pieces {
@@ -78,6 +85,7 @@ fn claim_window(
     }
     let mut plan = Vec::new();
     for (seq, mut numbers) in by_seq {
+        let reader = reader_for(seq);
         numbers.sort_unstable();
         numbers.dedup();
         let kept = caches.prefetched.covered(&reader.uuid, seq, &numbers);
@@ -95,7 +103,7 @@ fn claim_window(
             .plan_fetch(reader.uuid, seq, &numbers, &missing, false)
             .runs;
         if !runs.is_empty() {
-            plan.push((seq, runs));
+            plan.push((reader, seq, runs));
         }
     }
     plan
@@ -103,8 +111,8 @@ fn claim_window(
 
 /// Fetches claimed runs into the caches. Errors only end the prefetch (the
 /// claims drop, and readers waiting for them fetch for themselves).
-async fn prefetch(caches: &SharedCaches, reader: &VolumeReader, plan: Vec<SegmentRuns>) {
-    for (seq, runs) in plan {
+async fn prefetch(caches: &SharedCaches, plan: Vec<SegmentRuns>) {
+    for (reader, seq, runs) in plan {
         let idx = match reader.segment_index(caches, seq).await {
             Ok(idx) => idx,
             Err(e) => {

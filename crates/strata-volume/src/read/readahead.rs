@@ -6,8 +6,15 @@
 //! `MAX_WINDOWS_IN_FLIGHT` windows are being fetched at once, so read-ahead
 //! holds at most that many windows' worth of GET buffers.
 //!
-//! A read that starts exactly where a tracked stream ended is sequential.
-//! When the stream's prefetched lead falls below half its window, the window
+//! A read that starts where a tracked stream ended continues it; so does
+//! one that skips ahead at most `MAX_SKIP_BYTES` (a filesystem's reader
+//! walking the files of a directory, laid out one after another with gaps,
+//! or a strided scan), and one that lands at most `MAX_BEHIND_BYTES`
+//! behind its end (requests of one reader overtaking each other in flight)
+//! is absorbed without moving it. A stream is trusted once it scores 2: an
+//! exact continuation scores 2, a skip 1, so random reads that happen to
+//! land near a stream rarely open a window.
+//! When a trusted stream's prefetched lead falls below half its window, the window
 //! doubles (from 256 KiB, or twice the read, up to `readahead_max_bytes` and
 //! at most a quarter of the RAM chunk cache, so prefetched data is not
 //! evicted before it is read) and the volume range up to `end + window` that
@@ -37,6 +44,12 @@ use tokio::sync::Semaphore;
 pub const STREAMS: usize = 8;
 /// The first window of a stream.
 pub const MIN_WINDOW_BYTES: u64 = 256 << 10;
+/// A read starting at most this far past a stream's end continues it.
+pub const MAX_SKIP_BYTES: u64 = 1 << 20;
+/// A read starting at most this far before a stream's end is part of it.
+pub const MAX_BEHIND_BYTES: u64 = 256 << 10;
+/// Score at which a stream opens windows (see the module doc).
+const TRUSTED_SCORE: u32 = 2;
 /// Windows being fetched at once, server-wide.
 pub(crate) const MAX_WINDOWS_IN_FLIGHT: usize = 4;
 
@@ -100,6 +113,23 @@ struct Stream {
     /// Read-ahead has been issued up to here.
     prefetched_until: u64,
     last_used: u64,
+    /// 2 for an exact continuation, 1 for a skip; trusted at `TRUSTED_SCORE`.
+    score: u32,
+}
+
+/// How a read relates to a stream ending at `stream_end`: `Some(2)` an
+/// exact continuation, `Some(1)` a skip ahead, `Some(0)` behind its end
+/// (absorbed), `None` unrelated.
+fn relation(stream_end: u64, offset: u64) -> Option<u32> {
+    if offset == stream_end {
+        Some(2)
+    } else if offset > stream_end && offset - stream_end <= MAX_SKIP_BYTES {
+        Some(1)
+    } else if offset < stream_end && stream_end - offset <= MAX_BEHIND_BYTES {
+        Some(0)
+    } else {
+        None
+    }
 }
 
 /// The read streams of one volume.
@@ -122,8 +152,14 @@ impl Streams {
         self.tick += 1;
         let tick = self.tick;
         let end = offset + len;
-        let found = self.slots.iter_mut().flatten().find(|s| s.end == offset);
-        let Some(s) = found else {
+        // The closest related stream, an exact continuation first.
+        let found = self
+            .slots
+            .iter_mut()
+            .flatten()
+            .filter_map(|s| relation(s.end, offset).map(|r| (r, s)))
+            .max_by_key(|(r, s)| (*r, std::cmp::Reverse(s.end.abs_diff(offset))));
+        let Some((score, s)) = found else {
             // A new stream replaces the least recently used one.
             let victim = self
                 .slots
@@ -135,12 +171,22 @@ impl Streams {
                     window_bytes: 0,
                     prefetched_until: end,
                     last_used: tick,
+                    score: 0,
                 });
             }
             return None;
         };
-        s.end = end;
         s.last_used = tick;
+        if score == 0 {
+            // Behind the end: the stream neither moves nor grows.
+            s.end = s.end.max(end);
+            return None;
+        }
+        s.end = end;
+        s.score = s.score.saturating_add(score);
+        if s.score < TRUSTED_SCORE {
+            return None;
+        }
         let lead = s.prefetched_until.saturating_sub(end);
         if s.window_bytes > 0 && lead >= s.window_bytes / 2 {
             return None;
@@ -220,5 +266,44 @@ mod tests {
             s.observe(8192, 130 << 10, MIB, 300 << 10),
             Some((264 << 10)..(300 << 10))
         );
+    }
+
+    #[test]
+    fn reads_that_skip_ahead_or_overtake_each_other_keep_a_stream() {
+        const KIB: u64 = 1 << 10;
+        let observe = |s: &mut Streams, at: u64, len: u64| s.observe(at, len, 8 * MIB, 1 << 40);
+        // Files of a directory read one after another, 200 KiB apart.
+        let mut s = Streams::default();
+        assert_eq!(observe(&mut s, 0, 128 * KIB), None, "new stream");
+        assert_eq!(
+            observe(&mut s, 328 * KIB, 64 * KIB),
+            None,
+            "one skip: not trusted yet"
+        );
+        let w = observe(&mut s, 592 * KIB, 64 * KIB).expect("two skips: a stream");
+        assert_eq!(w, 656 * KIB..912 * KIB);
+        // A request that overtook this one arrives late: absorbed, no new
+        // stream, and the next read in order goes on.
+        assert_eq!(observe(&mut s, 600 * KIB, 4 * KIB), None);
+        assert_eq!(s.slots.iter().flatten().count(), 1);
+        assert!(
+            observe(&mut s, 656 * KIB, 192 * KIB).is_some(),
+            "lead below half"
+        );
+        // A jump past MAX_SKIP_BYTES starts another stream.
+        assert_eq!(observe(&mut s, 10 * MIB, 4 * KIB), None);
+        assert_eq!(s.slots.iter().flatten().count(), 2);
+        // Random reads across a volume open no window.
+        let mut s = Streams::default();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut windows = 0;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = (x % (1 << 18)) * 4 * KIB; // 1 GiB, 4 KiB aligned
+            windows += usize::from(observe(&mut s, at, 4 * KIB).is_some());
+        }
+        assert!(windows < 50, "{windows} windows for 10,000 random reads");
     }
 }

@@ -99,6 +99,7 @@ impl SnapshotView {
             buf.len() as u64,
             self.record.size_bytes,
             |window| self.stored_pieces(window),
+            |seq| self.lineage.reader_for(&self.caches, &self.reader, seq),
         );
         if stored.is_empty() {
             return Ok(());
@@ -120,13 +121,12 @@ impl SnapshotView {
         Ok(self.map.allocation(offset, len, max_extents))
     }
 
-    /// The volume's own stored pieces of a range (for read-ahead).
+    /// The stored pieces of a range, inherited ones too (for read-ahead).
     fn stored_pieces(&self, range: Range<u64>) -> Vec<(u64, u64, u64)> {
         let mut out = Vec::new();
-        let base = self.lineage.base_seq();
         self.map.lookup(range.start, range.end - range.start, |p| {
             if let Some(Target::Data { seq, offset }) = p.target {
-                if seq > base && out.len() < MAX_WINDOW_PIECES {
+                if out.len() < MAX_WINDOW_PIECES {
                     out.push((seq, offset, p.len));
                 }
             }

@@ -34,7 +34,7 @@ use super::Volume;
 use crate::config::HydrateMode;
 use crate::format::access_profile::AccessProfile;
 use crate::map::Target;
-use crate::read::{hydrate_segment, Hydration, HydrationState, SharedCaches, VolumeReader};
+use crate::read::{hydrate_segment, Gaps, Hydration, HydrationState, SharedCaches, VolumeReader};
 
 /// Volume address space one window covers at most.
 const WINDOW_BYTES: u64 = 256 << 20;
@@ -188,7 +188,18 @@ const PROFILE_BATCH_BYTES: u64 = 32 << 20;
 /// reads are many small files' blocks, and what lies between them is
 /// mostly not local yet either (measured: a whole-image profile took
 /// 1,900 GETs of ~130 KiB with no gap, where address order takes 75).
-const PROFILE_GAP_BYTES: u64 = 256 << 10;
+const PROFILE_GAPS: Gaps = Gaps {
+    max_bytes: 256 << 10,
+    cache_between: true,
+};
+/// The main pass: missing blocks up to 1 MiB apart share a GET, and only
+/// they are written. Measured: with no gap, a volume under a client's
+/// random reads (blocks it read already local, scattered) hydrated in
+/// 1,587 GETs averaging 0.7 MiB, 8.0 s for 1 GiB at 20 ms a request.
+const HYDRATION_GAPS: Gaps = Gaps {
+    max_bytes: 1 << 20,
+    cache_between: false,
+};
 
 /// Fetches a profile's ranges into the disk cache, in the order they were
 /// first read, before any client asks (the guest's boot reads them next).
@@ -218,7 +229,7 @@ async fn prefetch_profile(weak: &Weak<Volume>, profile: AccessProfile) {
         batch_bytes += r.len;
         if batch_bytes >= PROFILE_BATCH_BYTES || batch.len() >= MAX_WINDOW_PIECES || i == last {
             let pieces = std::mem::take(&mut batch);
-            let w = hydrate_window(&vol, &h, pieces, PROFILE_GAP_BYTES).await;
+            let w = hydrate_window(&vol, &h, pieces, PROFILE_GAPS).await;
             local += w.local;
             h.profile_bytes.store(local, Ordering::Relaxed);
             batch_bytes = 0;
@@ -318,8 +329,7 @@ async fn fetch_all(weak: &Weak<Volume>, h: &Arc<Hydration>) -> Option<Outcome> {
             return None;
         }
         let (pieces, next) = vol.hydration_window(at);
-        // No gap: what lies between missing blocks is local already.
-        let w = hydrate_window(&vol, h, pieces, 0).await;
+        let w = hydrate_window(&vol, h, pieces, HYDRATION_GAPS).await;
         local += w.local;
         remote += w.remote;
         failed |= w.failed;
@@ -362,7 +372,7 @@ async fn hydrate_window(
     vol: &Arc<Volume>,
     h: &Hydration,
     pieces: Vec<(u64, u64, u64)>,
-    max_gap_bytes: u64,
+    gaps: Gaps,
 ) -> WindowOutcome {
     let mut by_seq: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
     for (seq, offset, len) in pieces {
@@ -375,7 +385,7 @@ async fn hydrate_window(
         let reader = vol.lineage.reader_for(caches, &own, seq);
         async move {
             let bytes: u64 = pieces.iter().map(|p| p.1).sum();
-            let result = hydrate_segment(caches, &reader, seq, &pieces, h, max_gap_bytes).await;
+            let result = hydrate_segment(caches, &reader, seq, &pieces, h, gaps).await;
             (seq, bytes, result)
         }
     });

@@ -128,7 +128,7 @@ impl Volume {
 /// A clone's access profile at open (`profile.rs`): where the snapshot's
 /// is, to prefetch, or a recording of this clone's first reads when the
 /// snapshot has none. Only where hydration could run (a remote store, a disk
-/// cache), and never for encrypted volumes.
+/// cache); an encrypted volume's are sealed with its data key.
 async fn profiles_at_open(
     config: &VolumeConfig,
     store: &Store,
@@ -139,7 +139,7 @@ async fn profiles_at_open(
     name: &str,
 ) -> (Option<Recording>, Option<ProfilePlace>) {
     let wanted = config.profile_record || config.profile_prefetch;
-    let usable = !store.is_local() && caches.disk_enabled() && at_rest.data_key().is_none();
+    let usable = !store.is_local() && caches.disk_enabled();
     let Some(parent) = lineage.parent().filter(|_| wanted && usable) else {
         return (None, None);
     };
@@ -149,6 +149,8 @@ async fn profiles_at_open(
         uuid: parent.uuid,
         checkpoint_seq: parent.bound_seq,
         size_bytes: manifest.size_bytes,
+        // A clone shares its ancestors' data key.
+        data_key: at_rest.data_key().cloned(),
     };
     // Only a HEAD here: the profile itself is read when hydration's turn
     // comes (a bounded number of volumes at once, `hydrate.rs`).

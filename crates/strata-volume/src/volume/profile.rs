@@ -9,8 +9,10 @@
 //! `RECORD_BYTES` of reads, whichever ends first, merged where reads
 //! follow each other; it is stored when it ends (or the volume closes).
 //! A profile that cannot be read or verified is ignored with one log line:
-//! it is a hint, never an I/O error. Encrypted volumes record none (the
-//! ranges would be stored in the clear).
+//! it is a hint, never an I/O error. An encrypted volume's profile is
+//! sealed with its data key (`format/sealed_object.rs`: the bucket shows
+//! its size, not which ranges the guest reads); a clone shares its
+//! image's data key, so its clones can open it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,7 +23,10 @@ use parking_lot::Mutex;
 use strata_store::{ObjectNames, Store};
 
 use super::Volume;
+use crate::at_rest::random_array;
 use crate::format::access_profile::{AccessProfile, ProfileRange, MAX_RANGES, MAX_RANGE_BYTES};
+use crate::format::key_wrap::Key;
+use crate::format::sealed_object::{seal, SealedKind};
 use crate::objects::read_profile;
 
 /// A recording ends this long after the clone's first read ...
@@ -38,6 +43,9 @@ pub(crate) struct ProfilePlace {
     pub uuid: [u8; 16],
     pub checkpoint_seq: u64,
     pub size_bytes: u64,
+    /// The snapshot's data key (an encrypted volume's): profiles are
+    /// sealed with it.
+    pub data_key: Option<Arc<Key>>,
 }
 
 impl ProfilePlace {
@@ -62,6 +70,7 @@ pub(crate) async fn load_profile(volume: &str, place: &ProfilePlace) -> Found {
         &place.names,
         &place.uuid,
         place.checkpoint_seq,
+        place.data_key.as_deref(),
     )
     .await
     {
@@ -182,7 +191,13 @@ impl Recording {
         }
         let (ranges, bytes) = (profile.ranges.len(), profile.bytes());
         let path = self.place.path();
-        let payload = Bytes::from(profile.encode());
+        let payload = match self.sealed(profile.encode()) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(volume, object = %path, error = %e, "access profile not stored (later clones hydrate in address order)");
+                return;
+            }
+        };
         match self.place.store.put_if(&path, payload.into(), None).await {
             Ok(_) => {
                 tracing::info!(volume, object = %path, ranges, bytes, "access profile stored: later clones of this snapshot fetch these ranges first");
@@ -197,6 +212,25 @@ impl Recording {
                 tracing::warn!(volume, object = %path, error = %strata_store::ErrorText(&e), "access profile not stored (later clones hydrate in address order)");
             }
         }
+    }
+}
+
+impl Recording {
+    /// An encoded profile as stored: sealed for an encrypted volume.
+    fn sealed(&self, encoded: Vec<u8>) -> Result<Bytes, crate::error::VolumeError> {
+        let Some(key) = &self.place.data_key else {
+            return Ok(Bytes::from(encoded));
+        };
+        let (kind, seq) = (SealedKind::AccessProfile, self.place.checkpoint_seq);
+        let salt = random_array()?;
+        Ok(Bytes::from(seal(
+            &encoded,
+            kind,
+            seq,
+            &self.place.uuid,
+            key.bytes(),
+            salt,
+        )))
     }
 }
 
@@ -255,7 +289,57 @@ mod tests {
             uuid: [3; 16],
             checkpoint_seq: 9,
             size_bytes: 1 << 30,
+            data_key: None,
         }
+    }
+
+    #[tokio::test]
+    async fn an_encrypted_volumes_profile_is_sealed_and_needs_its_key() {
+        let at = ProfilePlace {
+            data_key: Some(Arc::new(Key::from_bytes([7; 32]))),
+            ..place()
+        };
+        let rec = Recording::new(at.clone());
+        rec.note(123 << 20, 4096);
+        rec.store("c1").await;
+        let Found::Profile(p) = load_profile("c2", &at).await else {
+            panic!("no profile");
+        };
+        assert_eq!((p.ranges[0].offset, p.ranges[0].len), (123 << 20, 4096));
+        // The bucket holds the sealed envelope, not the ranges.
+        let path = at.names.profile(at.checkpoint_seq);
+        let stored = at.store.get_range(&path, 0..8).await.unwrap();
+        assert_eq!(&stored[..], b"STRATSLD");
+        // Without the key, or with another, it is unusable, not an error.
+        let keyless = ProfilePlace {
+            data_key: None,
+            ..at.clone()
+        };
+        assert!(matches!(
+            load_profile("c3", &keyless).await,
+            Found::Unusable
+        ));
+        let wrong = ProfilePlace {
+            data_key: Some(Arc::new(Key::from_bytes([8; 32]))),
+            ..at.clone()
+        };
+        assert!(matches!(load_profile("c4", &wrong).await, Found::Unusable));
+        // And an unencrypted profile where a sealed one belongs is refused.
+        let plain = ProfilePlace {
+            store: Store::in_memory(),
+            ..keyless
+        };
+        let rec = Recording::new(plain.clone());
+        rec.note(0, 4096);
+        rec.store("c5").await;
+        let swapped = ProfilePlace {
+            data_key: at.data_key.clone(),
+            ..plain
+        };
+        assert!(matches!(
+            load_profile("c6", &swapped).await,
+            Found::Unusable
+        ));
     }
 
     #[tokio::test]

@@ -102,6 +102,7 @@ impl Volume {
             buf.len() as u64,
             self.size_bytes(),
             |window| self.stored_pieces(window),
+            |seq| self.lineage.reader_for(&self.caches, &reader, seq),
         );
         if misses.is_empty() {
             return Ok(());
@@ -132,15 +133,14 @@ impl Volume {
     }
 
     /// Stored pieces `(seq, segment offset, len)` of a volume range, looked
-    /// up under the volume lock (the volume's own: read-ahead does not
-    /// reach into a clone's ancestors).
+    /// up under the volume lock (a clone's inherited ones too: read-ahead
+    /// fetches them through their owner's reader).
     fn stored_pieces(&self, range: Range<u64>) -> Vec<(u64, u64, u64)> {
         let mut out = Vec::new();
-        let base = self.lineage.base_seq();
         let st = self.state.lock();
         st.map.lookup(range.start, range.end - range.start, |p| {
             if let Some(Target::Data { seq, offset }) = p.target {
-                if !st.in_memory(seq) && seq > base && out.len() < MAX_WINDOW_PIECES {
+                if !st.in_memory(seq) && out.len() < MAX_WINDOW_PIECES {
                     out.push((seq, offset, p.len));
                 }
             }
