@@ -59,6 +59,16 @@ impl Default for BlockSizes {
     }
 }
 
+/// What a request asks of a device, for its rate limits (`admit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// READ.
+    Read,
+    /// WRITE, TRIM and WRITE_ZEROES (the last two move no payload: 0
+    /// bytes).
+    Write,
+}
+
 /// A block device behind one export. All offsets and lengths have been
 /// checked by the server against `size_bytes()` and the block sizes before a
 /// method is called. Implementations are shared by every connection to the
@@ -121,6 +131,17 @@ pub trait BlockDevice: Send + Sync + 'static {
         length_bytes: u64,
         max_extents: usize,
     ) -> impl Future<Output = io::Result<Vec<Extent>>> + Send;
+
+    /// Waits until the device takes one more request of `kind` moving
+    /// `bytes` (a rate limit of the device: IOPS, bandwidth). Called by the
+    /// connection's reader before the request's payload is read or any
+    /// server-wide byte budget taken, so a request held back here holds
+    /// nothing other devices need, and the client is slowed by the socket
+    /// itself. FLUSH, CACHE and BLOCK_STATUS are never held back. May
+    /// delay, never fails. The default admits at once.
+    fn admit(&self, _kind: Admission, _bytes: u64) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 
     /// Hint that a range will be read soon (NBD_CMD_CACHE).
     fn cache(

@@ -81,6 +81,18 @@ impl Op {
 
     /// Bytes of data the request carries or asks for: what it takes of the
     /// server's byte budget (see `budget`).
+    /// What the device's rate limits count of this request (`None`:
+    /// nothing; never held back).
+    pub(crate) fn admission(&self) -> Option<(crate::device::Admission, u64)> {
+        use crate::device::Admission;
+        match self {
+            Op::Read { length_bytes, .. } => Some((Admission::Read, u64::from(*length_bytes))),
+            Op::Write { length_bytes, .. } => Some((Admission::Write, u64::from(*length_bytes))),
+            Op::Trim { .. } | Op::WriteZeroes { .. } => Some((Admission::Write, 0)),
+            _ => None,
+        }
+    }
+
     pub(crate) fn data_bytes(&self) -> u32 {
         match self {
             Op::Read { length_bytes, .. } | Op::Write { length_bytes, .. } => *length_bytes,

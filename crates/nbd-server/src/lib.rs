@@ -41,7 +41,7 @@ mod writer;
 
 pub use config::ServerConfig;
 pub use device::{
-    Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
+    Admission, Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
 };
 pub use listen::{InheritedListener, ListenAddr, ParseListenAddrError};
 pub use metrics::{

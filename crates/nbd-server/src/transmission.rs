@@ -268,6 +268,11 @@ async fn read_requests<R: AsyncRead + Unpin, D: BlockDevice>(
                 continue;
             }
         };
+        // The device's rate limits first: a request held back holds no
+        // byte budget other devices need.
+        if let Some((kind, bytes)) = op.admission() {
+            connection.export.device.admit(kind, bytes).await;
+        }
         // Before the WRITE payload is read or the READ buffer allocated:
         // the connection's share, then the server-wide budget.
         let bytes = budget::acquire_bytes(

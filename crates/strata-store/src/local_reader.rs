@@ -29,6 +29,15 @@ const MAX_OPEN_FILES: usize = 256;
 pub(crate) struct LocalReader {
     root: PathBuf,
     files: Mutex<HashMap<String, Arc<File>>>,
+    /// This process's turn at the compare-and-swap lock (`cas_lock`).
+    cas_turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The directory's compare-and-swap lock, held: this process's turn and
+/// the `flock` that excludes other processes. Released on drop.
+pub(crate) struct CasLock {
+    _file: File,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
 impl LocalReader {
@@ -36,6 +45,7 @@ impl LocalReader {
         LocalReader {
             root,
             files: Mutex::new(HashMap::new()),
+            cas_turn: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -61,11 +71,18 @@ impl LocalReader {
     }
 
     /// Takes the directory's compare-and-swap lock (see `Store::put_if`);
-    /// released when the returned file is dropped. Waits on the blocking
-    /// pool: holders keep it for one small read and write.
-    pub(crate) async fn cas_lock(&self) -> io::Result<File> {
+    /// released when the returned guard is dropped. Holders keep it for one
+    /// small read and write.
+    ///
+    /// This process's callers queue on an async mutex first, so at most one
+    /// of them waits in `flock` on the blocking pool: measured, 1,000
+    /// volumes opening at once put 512 `flock` waiters on tokio's 512
+    /// blocking threads, and the holder's own write, which needs one of
+    /// those threads, never ran (a deadlock).
+    pub(crate) async fn cas_lock(&self) -> io::Result<CasLock> {
+        let turn = self.cas_turn.clone().lock_owned().await;
         let path = self.root.join(".strata-cas.lock");
-        tokio::task::spawn_blocking(move || {
+        let file = tokio::task::spawn_blocking(move || {
             use std::os::unix::io::AsRawFd;
             let file = std::fs::OpenOptions::new()
                 .create(true)
@@ -80,7 +97,11 @@ impl LocalReader {
             Ok(file)
         })
         .await
-        .map_err(io::Error::other)?
+        .map_err(io::Error::other)??;
+        Ok(CasLock {
+            _file: file,
+            _turn: turn,
+        })
     }
 
     pub(crate) fn invalidate(&self, location: &Path) {

@@ -31,6 +31,10 @@ pub fn check_volume_size(size_bytes: u64) -> Result<(), String> {
 pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
 /// Shortest lease TTL accepted (tests use a few seconds).
 pub const MIN_LEASE_TTL_MS: u64 = 1_000;
+/// Written data not yet in the store, all volumes of a server together:
+/// 16 volumes writing at once get 32 MiB each (two segments), one alone
+/// its own `write_buffer_bytes`.
+pub const DEFAULT_WRITE_BUFFER_TOTAL_BYTES: u64 = 512 * MIB;
 /// Read-ahead holds up to a few windows of GET buffers at once.
 const MAX_READAHEAD_BYTES: u64 = 64 * MIB;
 
@@ -47,6 +51,9 @@ pub struct VolumeConfig {
     /// Unsealed plus sealed-but-not-uploaded data, per volume; writers wait
     /// beyond it (back-pressure).
     pub write_buffer_bytes: u64,
+    /// The same, all volumes of a server together (0: no server-wide
+    /// limit); shared fairly (`write/host_budget.rs`).
+    pub write_buffer_total_bytes: u64,
     /// Size of each volume's journal ring.
     pub journal_bytes: u64,
     /// RAM cache of segment data, shared by all volumes of a server.
@@ -206,6 +213,7 @@ impl VolumeConfig {
             segment_bytes: 16 * MIB,
             segment_max_age_ms: 5_000,
             write_buffer_bytes: 128 * MIB,
+            write_buffer_total_bytes: DEFAULT_WRITE_BUFFER_TOTAL_BYTES,
             journal_bytes: 256 * MIB,
             cache_bytes: 256 * MIB,
             disk_cache_bytes: 0,

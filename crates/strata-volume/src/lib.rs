@@ -41,6 +41,7 @@ mod gc;
 mod map;
 mod objects;
 mod ownership;
+mod qos;
 mod read;
 mod recovery;
 mod snapshot;
@@ -70,6 +71,7 @@ pub use fsck::{
 pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
 pub use ownership::{LeaseState, LeaseStats};
+pub use qos::{Limit, QosKind, QosLimits, QosStats, VolumeQos, QOS_KEYS};
 pub use read::{
     CacheStats, DiskCacheStats, HydrationState, HydrationStats, ReadAheadStats, ReadPathStats,
     SharedCaches, StoreReadStats,

@@ -186,6 +186,24 @@ pub enum VolumeCommand {
         /// never stored. Changeable later (`volume set-compression`).
         #[arg(long, default_value = "lz4", value_name = "CODEC")]
         compression: String,
+        /// Limits its clients are served within (kept in the volume: any
+        /// server applies them): iops, read-iops, write-iops (requests a
+        /// second), bw, read-bw, write-bw (bytes a second, e.g. 50MiB),
+        /// each with an optional KEY-burst (default one second's worth),
+        /// e.g. iops=3000,iops-burst=9000,bw=125MiB. Requests over a limit
+        /// wait; none fails. Changeable live (`volume set-qos`).
+        #[arg(long, value_name = "SPEC")]
+        qos: Option<String>,
+    },
+    /// Change a volume's QoS limits, live: through the server on this
+    /// host if it serves the volume (requests already waiting get the new
+    /// limits within 100 ms), kept in the volume's manifest.
+    SetQos {
+        name: String,
+        /// iops, read-iops, write-iops (requests a second), bw, read-bw,
+        /// write-bw (bytes a second, e.g. 50MiB), each with an optional
+        /// KEY-burst, comma-separated; `none` removes every limit.
+        spec: String,
     },
     /// Change how a volume's new data is compressed (lz4, zstd[:LEVEL],
     /// none); what is stored keeps its compression until GC rewrites it.
@@ -577,9 +595,18 @@ pub struct Budgets {
     pub segment_age_ms: u64,
 
     /// Per-volume memory for written data not yet in the store; writers
-    /// wait beyond it. At least 2 segments + 32 MiB.
+    /// wait beyond it. At least 2 segments + 32 MiB. A cap of each volume's
+    /// use of --write-buffer-total.
     #[arg(long, default_value = "128MiB", value_name = "SIZE")]
     pub write_buffer: String,
+
+    /// Memory for written data not yet in the store, all volumes of the
+    /// server together (0: no server-wide limit). Shared fairly: a volume
+    /// may always hold its share (the total divided by the volumes
+    /// writing), and more while others leave room; one above its share
+    /// waits, never one below it.
+    #[arg(long, default_value = "512MiB", value_name = "SIZE")]
+    pub write_buffer_total: String,
 
     /// Per-volume journal file size (local disk). At least write buffer + 64 MiB.
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]

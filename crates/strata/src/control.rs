@@ -14,6 +14,7 @@
 //! {"op":"flatten","volume":"vm1"}         -> {"ok":BYTES_COPIED}
 //! {"op":"set_compression","volume":"vm1","compression":"zstd:3"} -> {"ok":"lz4"}
 //! {"op":"rekey","volume":"vm1","new_key_file":"/abs/path"} -> {"ok":"FINGERPRINT"}
+//! {"op":"set_qos","volume":"vm1","qos":{"iops":{"rate":3000,"burst":3000}}} -> {"ok":{...previous...}}
 //! any error                               -> {"error":"...","not_served":bool}
 //! ```
 //! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
@@ -61,6 +62,10 @@ pub enum Request {
     SetCompression {
         volume: String,
         compression: String,
+    },
+    SetQos {
+        volume: String,
+        qos: strata_volume::QosLimits,
     },
     /// The server reads the new key from this file (an absolute path):
     /// key material never travels through the socket.
@@ -167,6 +172,7 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
         | Request::Resize { volume, .. }
         | Request::Flatten { volume }
         | Request::SetCompression { volume, .. }
+        | Request::SetQos { volume, .. }
         | Request::Rekey { volume, .. } => volume.clone(),
     };
     let Some(vol) = engine.served_or_opening(&volume).await else {
@@ -209,6 +215,11 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
                 .map_err(anyhow::Error::from),
             Err(e) => Err(anyhow::anyhow!(e)),
         },
+        Request::SetQos { qos, .. } => vol
+            .set_qos(qos)
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|previous| Ok(serde_json::to_value(previous)?)),
         Request::Rekey { new_key_file, .. } => match strata_volume::load_key_file(&new_key_file) {
             Ok(key) => vol
                 .rekey(&key)

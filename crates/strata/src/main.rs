@@ -6,6 +6,7 @@ mod fsck_cmd;
 mod metrics;
 mod nbd_volume;
 mod progress;
+mod qos_spec;
 mod serve;
 mod size;
 mod snapshot_cmd;
@@ -297,6 +298,8 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         config.segment_bytes = size_option("--segment-size", &b.segment_size)?;
         config.segment_max_age_ms = b.segment_age_ms;
         config.write_buffer_bytes = size_option("--write-buffer", &b.write_buffer)?;
+        config.write_buffer_total_bytes =
+            size_option("--write-buffer-total", &b.write_buffer_total)?;
         config.journal_bytes = size_option("--journal-size", &b.journal_size)?;
         config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
@@ -381,12 +384,21 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
             name,
             size,
             compression,
+            qos,
         } => {
             let size = size_option("--size", size)?;
             let compression = compression
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("--compression: {e}"))?;
-            let m = engine.create_volume_with(name, size, compression).await?;
+            let limits = match qos {
+                Some(spec) => {
+                    qos_spec::parse_qos(spec).map_err(|e| anyhow::anyhow!("--qos: {e}"))?
+                }
+                None => strata_volume::QosLimits::default(),
+            };
+            let m = engine
+                .create_volume_limited(name, size, compression, limits)
+                .await?;
             let encrypted = match &m.encryption {
                 Some(e) => format!(", encrypted (key {})", e.key_fingerprint),
                 None => String::new(),
@@ -397,6 +409,25 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                 format_size(m.size_bytes),
                 m.size_bytes,
                 engine.store().description()
+            );
+        }
+        VolumeCommand::SetQos { name, spec } => {
+            let limits = qos_spec::parse_qos(spec).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let req = control::Request::SetQos {
+                volume: name.clone(),
+                qos: limits.clone(),
+            };
+            let what = format!("set the QoS limits of {name:?}");
+            let command = format!("strata volume set-qos {name} {spec}");
+            let previous =
+                match control::on_serving_server(engine, name, &req, &what, &command).await? {
+                    Some(v) => serde_json::from_value(v).unwrap_or_default(),
+                    None => engine.set_volume_qos(name, limits.clone()).await?,
+                };
+            println!(
+                "{name}: QoS {} -> {}",
+                qos_spec::format_qos(&previous),
+                qos_spec::format_qos(&limits)
             );
         }
         VolumeCommand::SetCompression { name, compression } => {
@@ -499,6 +530,7 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
                 );
                 print_space_info(&v);
                 print_hydration_info(&v);
+                print_qos_info(&v);
                 print_history_info(&v);
             }
         }
@@ -598,7 +630,10 @@ async fn volume_info(engine: &Engine, name: &str) -> anyhow::Result<strata_volum
             .zip(s["space"]["garbage_bytes"].as_u64())
     });
     let mut v = engine.volume_info_with(name, served_here.is_none()).await?;
-    v.hydration = stats.and_then(|s| serde_json::from_value(s["hydration"].clone()).ok());
+    v.hydration = stats
+        .as_ref()
+        .and_then(|s| serde_json::from_value(s["hydration"].clone()).ok());
+    v.qos_stats = stats.and_then(|s| serde_json::from_value(s["qos"].clone()).ok());
     if let Some((live, garbage)) = served_here {
         v.live_bytes = Some(live);
         v.live_as_of = "the serving server".into();
@@ -680,6 +715,23 @@ fn print_hydration_info(v: &strata_volume::VolumeInfo) {
     if !h.profile.is_empty() {
         println!("profile:     {}", h.profile);
     }
+}
+
+/// The QoS line of `volume info`: the limits, and (served here) what
+/// they held back.
+fn print_qos_info(v: &strata_volume::VolumeInfo) {
+    let limits = v.qos.clone().unwrap_or_default();
+    let mut line = qos_spec::format_qos(&limits);
+    if let Some(s) = &v.qos_stats {
+        if !limits.is_unlimited() {
+            line.push_str(&format!(
+                " ({} requests held back, {:.1} s waited in all)",
+                s.throttled_requests,
+                s.wait_ms as f64 / 1000.0
+            ));
+        }
+    }
+    println!("qos:         {line}");
 }
 
 /// The snapshot lines of `volume info`.

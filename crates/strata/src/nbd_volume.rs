@@ -105,6 +105,18 @@ impl BlockDevice for NbdVolume {
         }
     }
 
+    async fn admit(&self, kind: nbd_server::Admission, bytes: u64) {
+        // A snapshot export is read-only and not limited.
+        let Backing::Volume(v) = &self.backing else {
+            return;
+        };
+        let kind = match kind {
+            nbd_server::Admission::Read => strata_volume::QosKind::Read,
+            nbd_server::Admission::Write => strata_volume::QosKind::Write,
+        };
+        v.admit(kind, bytes).await;
+    }
+
     async fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
         let len = buf.len() as u64;
         let read = match &self.backing {

@@ -37,6 +37,7 @@ use crate::objects::{
 use crate::ownership::{read_lease, take_ownership};
 use crate::read::{ReadPathStats, SharedCaches};
 use crate::volume::{Volume, VolumeStats};
+use crate::write::host_budget::HostWriteBudget;
 
 /// The manifest of a new volume (a clone if `parent` is given).
 pub(crate) fn new_manifest(name: &str, size_bytes: u64, parent: Option<ParentRecord>) -> Manifest {
@@ -54,6 +55,7 @@ pub(crate) fn new_manifest(name: &str, size_bytes: u64, parent: Option<ParentRec
         parent,
         compression: None,
         encryption: None,
+        qos: None,
     }
 }
 
@@ -98,6 +100,11 @@ pub struct VolumeInfo {
     /// Background hydration on the server of this host that serves the
     /// volume (`None`: not served here).
     pub hydration: Option<crate::read::HydrationStats>,
+    /// QoS limits from the manifest (`None`: no limit).
+    pub qos: Option<crate::qos::QosLimits>,
+    /// What the limits held back on the server of this host that serves
+    /// the volume (`None`: not served here).
+    pub qos_stats: Option<crate::qos::QosStats>,
 }
 
 /// What `Engine::stats` reports (the `--stats-file` JSON).
@@ -112,6 +119,9 @@ pub struct Engine {
     store: Store,
     config: Arc<VolumeConfig>,
     caches: Arc<SharedCaches>,
+    /// Written data not yet in the store, all volumes together
+    /// (`--write-buffer-total`).
+    host_writes: Arc<HostWriteBudget>,
     /// One cell per volume name, so opening (recovering) one volume does
     /// not hold up clients of another.
     open: parking_lot::Mutex<HashMap<String, Arc<OnceCell<Arc<Volume>>>>>,
@@ -129,6 +139,7 @@ impl Engine {
         Ok(Engine {
             store,
             caches: Arc::new(SharedCaches::new(&config)?),
+            host_writes: Arc::new(HostWriteBudget::new(config.write_buffer_total_bytes)),
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
             snapshot_views: parking_lot::Mutex::new(HashMap::new()),
@@ -166,9 +177,25 @@ impl Engine {
         size_bytes: u64,
         compression: Compression,
     ) -> Result<Manifest, VolumeError> {
+        let no_limits = crate::qos::QosLimits::default();
+        self.create_volume_limited(name, size_bytes, compression, no_limits)
+            .await
+    }
+
+    /// Creates an empty volume compressed with `compression`, served
+    /// within `qos`.
+    pub async fn create_volume_limited(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        compression: Compression,
+        qos: crate::qos::QosLimits,
+    ) -> Result<Manifest, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         check_volume_size(size_bytes).map_err(VolumeError::Invalid)?;
+        qos.validate().map_err(VolumeError::Invalid)?;
         let mut manifest = new_manifest(name, size_bytes, None);
+        manifest.qos = (!qos.is_unlimited()).then_some(qos);
         new_volume_at_rest(&mut manifest, compression, self.config.key.as_deref(), None)?;
         self.create_manifest(&manifest).await?;
         Ok(manifest)
@@ -275,6 +302,8 @@ impl Engine {
             compression: m.compression.clone().unwrap_or_else(|| "none".into()),
             encryption_key_fingerprint: m.encryption.as_ref().map(|e| e.key_fingerprint.clone()),
             hydration: None,
+            qos: m.qos.clone(),
+            qos_stats: None,
             pending_deletions: m.pending_deletions.len() as u64,
             pending_bytes: m.pending_deletions.iter().map(|p| p.bytes).sum(),
             last_gc: m.last_gc,
@@ -377,6 +406,18 @@ impl Engine {
             |vol| async move { vol.set_compression(compression).await },
         )
         .await
+    }
+
+    /// Replaces the QoS limits of volume `name` (`Volume::set_qos`);
+    /// returns the previous ones.
+    pub async fn set_volume_qos(
+        &self,
+        name: &str,
+        limits: crate::qos::QosLimits,
+    ) -> Result<crate::qos::QosLimits, VolumeError> {
+        limits.validate().map_err(VolumeError::Invalid)?;
+        self.with_volume(name, |vol| async move { vol.set_qos(limits).await })
+            .await
     }
 
     /// Wraps encrypted volume `name`'s data key with `new_key`
@@ -542,6 +583,7 @@ impl Engine {
                     name,
                     self.config.clone(),
                     self.caches.clone(),
+                    self.host_writes.clone(),
                 )
             })
             .await?;

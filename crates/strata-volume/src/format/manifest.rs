@@ -71,6 +71,11 @@ pub struct Manifest {
     /// For an encrypted volume: its data key, wrapped by the user's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<EncryptionRecord>,
+    /// The volume's QoS limits (`qos/`); `None`: no limit. Any server that
+    /// opens the volume applies them. (A strata older than this field
+    /// reads the manifest and, if it rewrites it, drops them.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<crate::qos::QosLimits>,
 }
 
 /// How an encrypted volume's data key is kept (`format/key_wrap.rs`).
@@ -307,6 +312,7 @@ mod tests {
             parent: None,
             compression: None,
             encryption: None,
+            qos: None,
         };
         let b = m.encode();
         assert_eq!(&b[8..10], &1u16.to_le_bytes());
@@ -345,6 +351,7 @@ mod tests {
             parent: None,
             compression: None,
             encryption: None,
+            qos: None,
         };
         let b = m.encode();
         assert_eq!(&b[8..10], &2u16.to_le_bytes());

@@ -117,6 +117,7 @@ fn valid_objects() -> Vec<Vec<u8>> {
         parent: None,
         compression: None,
         encryption: None,
+        qos: None,
     };
     let lease = Lease {
         holder: "h:/d (x)".into(),

@@ -121,6 +121,7 @@ mod tests {
             parent: None,
             compression: None,
             encryption: None,
+            qos: None,
         }
     }
 

@@ -71,7 +71,7 @@ pub(super) fn append_copy(st: &mut State, start: u64, bytes: &[u8]) {
         offset: data_offset,
     };
     st.map.set(start, len, Some(target));
-    st.buffered_cost_bytes += cost;
+    st.add_buffered(cost);
 }
 
 #[cfg(test)]

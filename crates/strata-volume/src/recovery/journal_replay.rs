@@ -100,7 +100,7 @@ pub(crate) fn replay_journal(
         );
         n += 1;
         if st.open.cost_bytes >= config.segment_bytes {
-            st.seal_open(Vec::with_capacity(config.segment_bytes as usize));
+            st.seal_open(Vec::new());
         }
     }
     Ok((scanner.position(), n))

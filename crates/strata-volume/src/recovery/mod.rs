@@ -80,17 +80,18 @@ pub(crate) async fn recover(
 fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> State {
     State {
         map: rec.map,
-        open: OpenSegment::new(
-            rec.next_seq,
-            Vec::with_capacity(segment_bytes as usize),
-            journal_id,
-        ),
+        open: OpenSegment {
+            // No buffer until the first write (`OpenSegment::reserve`).
+            reserve_bytes: segment_bytes as usize,
+            ..OpenSegment::new(rec.next_seq, Vec::new(), journal_id)
+        },
         sealed: BTreeMap::new(),
         settling: BTreeMap::new(),
         uploaded: BTreeSet::new(),
         stored: rec.stored,
         data_sizes: rec.data_sizes,
         buffered_cost_bytes: 0,
+        host: std::sync::Arc::new(crate::write::host_budget::HostWriteBudget::unlimited()),
         durable_seq: rec.next_seq - 1,
         segments_since_checkpoint: rec.next_seq - 1 - rec.checkpoint_seq,
         last_sealed_span: rec.span.unwrap_or_default(),

@@ -45,6 +45,8 @@ impl Volume {
         }
         self.journal.shutdown();
         self.space.notify_waiters();
+        // Housekeeping sees the volume closed and ends.
+        self.housekeeping.notify_one();
         if let Some(detail) = self.state.lock().failed.clone() {
             // Not everything reached the store; the journal keeps it, so the
             // lease is kept until it expires (unless fenced: then it is not
@@ -56,7 +58,10 @@ impl Volume {
             });
         }
         self.wait_for_tasks().await;
-        // Everything is in the store: let another server take the volume.
+        // Everything is in the store: the journal's space goes back to the
+        // filesystem (a closed volume's journal is its 4 KiB superblock).
+        self.journal.punch_if_idle(0);
+        // Let another server take the volume.
         self.ownership.release(&self.store, &self.names).await?;
         tracing::info!(volume = %self.name, "closed cleanly");
         Ok(())

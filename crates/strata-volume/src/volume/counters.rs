@@ -19,14 +19,18 @@ pub(crate) enum WaitFor {
     Lease,
     /// A resize was under way.
     Resize,
+    /// The server's budget for written data (`--write-buffer-total`) was
+    /// full and this volume held more than its fair share of it.
+    HostBuffer,
 }
 
 impl WaitFor {
-    const ALL: [WaitFor; 4] = [
+    const ALL: [WaitFor; 5] = [
         WaitFor::WriteBuffer,
         WaitFor::Journal,
         WaitFor::Lease,
         WaitFor::Resize,
+        WaitFor::HostBuffer,
     ];
 
     fn name(self) -> &'static str {
@@ -35,6 +39,7 @@ impl WaitFor {
             WaitFor::Journal => "journal",
             WaitFor::Lease => "lease",
             WaitFor::Resize => "resize",
+            WaitFor::HostBuffer => "host_write_buffer",
         }
     }
 }
@@ -124,6 +129,7 @@ mod tests {
         assert_eq!((get("journal").writes, get("journal").waited_us), (2, 12));
         assert_eq!(get("lease").waited_us, 1_000_000);
         assert_eq!(get("write_buffer").writes, 0);
-        assert_eq!(waits.len(), 4);
+        assert_eq!(waits.len(), 5);
+        assert_eq!(get("host_write_buffer").writes, 0);
     }
 }

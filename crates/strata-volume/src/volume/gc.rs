@@ -122,6 +122,7 @@ impl Volume {
             }
             outcome
         };
+        self.housekeeping.notify_one();
         crash_point(READ_REWRITE_CRASH_POINT);
         GcCounters::add(&self.gc.read_rewrites, 1);
         GcCounters::add(&self.gc.bytes_rewritten_on_read, outcome.copied_bytes);
@@ -138,17 +139,54 @@ impl Volume {
         let interval = Duration::from_millis(self.config.gc.interval_ms);
         tokio::spawn(async move {
             let mut passes = 0u64;
+            let mut quiet = false;
+            let mut sweep_next = false;
+            // Uploads counted at the last orphan sweep.
+            let mut swept_at = u64::MAX;
             loop {
-                let _ = tokio::time::timeout(interval, wake.notified()).await;
+                let notified = wake.notified();
+                if quiet {
+                    // Nothing to do until a segment is uploaded or a
+                    // snapshot changes (both wake it): an idle volume runs
+                    // no pass, and lists nothing.
+                    notified.await;
+                } else {
+                    let _ = tokio::time::timeout(interval, notified).await;
+                }
                 let Some(vol) = weak.upgrade() else { return };
+                vol.gc_quiet.store(false, Ordering::Release);
                 if vol.gc_should_stop() {
                     return;
                 }
-                vol.background_pass(passes.is_multiple_of(SWEEP_EVERY_PASSES))
-                    .await;
+                let uploads = vol.segments_uploaded.load(Ordering::Acquire);
+                let sweep = passes.is_multiple_of(SWEEP_EVERY_PASSES) || sweep_next;
+                let busy = vol.background_pass(sweep).await;
+                if sweep {
+                    swept_at = uploads;
+                }
                 passes += 1;
+                let idle = !busy && vol.gc_pending.lock().0 == 0;
+                // Orphans come from uploads: one sweep after the last of
+                // them before going quiet.
+                let unswept = vol.segments_uploaded.load(Ordering::Acquire) != swept_at;
+                sweep_next = idle && unswept;
+                quiet = idle && !unswept;
+                if quiet {
+                    vol.gc_quiet.store(true, Ordering::Release);
+                    // An upload that finished meanwhile must not be missed.
+                    if vol.segments_uploaded.load(Ordering::Acquire) != swept_at {
+                        quiet = false;
+                    }
+                }
             }
         });
+    }
+
+    /// Wakes a quiet collector (`start_gc`) after an upload.
+    pub(crate) fn wake_quiet_gc(&self) {
+        if self.gc_quiet.swap(false, Ordering::AcqRel) {
+            self.gc_wake.notify_one();
+        }
     }
 
     fn gc_should_stop(&self) -> bool {
@@ -168,6 +206,8 @@ impl Volume {
         let result = self.run_steps(&policy, false, sweep, &mut report).await;
         let busy = result.is_ok() && (report.bytes_copied > 0 || report.objects_deleted > 0);
         self.finish_pass(result, &report).await;
+        // Copies may wait in the open segment: housekeeping seals them.
+        self.housekeeping.notify_one();
         busy
     }
 

@@ -38,6 +38,7 @@ mod gc;
 mod hydrate;
 mod open;
 mod profile;
+mod qos;
 mod read;
 mod resize;
 mod snapshot;
@@ -105,6 +106,8 @@ pub struct VolumeStats {
     pub snapshots: SnapshotStats,
     /// Background hydration: how much of the volume is local.
     pub hydration: HydrationStats,
+    /// QoS limits and what they held back.
+    pub qos: crate::qos::QosStats,
 }
 
 /// A change of the whole map at a seal point (a rollback replaces it, a
@@ -139,9 +142,10 @@ pub struct Volume {
     /// version (`ownership/manifest_writer.rs`).
     pub(crate) manifest: ManifestWriter,
     pub(crate) closed: AtomicBool,
-    /// Recycled segment buffers: fresh memory costs page faults (measured
-    /// here: first-touch pages cost 10-20x a reused page).
-    pub(crate) buffer_pool: Mutex<Vec<Vec<u8>>>,
+    /// The server's budget for written data, and its pool of recycled
+    /// segment buffers (fresh memory costs page faults: measured here,
+    /// first-touch pages cost 10-20x a reused page) (`write/host_budget.rs`).
+    pub(crate) host_writes: Arc<crate::write::host_budget::HostWriteBudget>,
     /// The right to write: local lock, lease, epoch (`ownership/`).
     pub(crate) ownership: Ownership,
     pub(crate) segments_uploaded: AtomicU64,
@@ -152,6 +156,11 @@ pub struct Volume {
     pub(crate) counters: VolumeCounters,
     /// Wakes the background garbage collector (an explicit request).
     pub(crate) gc_wake: Arc<Notify>,
+    /// The collector found nothing to do and waits for `gc_wake` only.
+    pub(crate) gc_quiet: AtomicBool,
+    /// Wakes housekeeping (`tasks.rs`): a write into an empty open
+    /// segment, new data from GC, a close.
+    pub(crate) housekeeping: Arc<Notify>,
     /// One garbage collection pass at a time.
     pub(crate) gc_pass: tokio::sync::Mutex<()>,
     /// Pending deletions (count, bytes) as of the last manifest we wrote.
@@ -168,6 +177,9 @@ pub struct Volume {
     pub(crate) hydration: Arc<Hydration>,
     /// A clone's first reads being recorded (`profile.rs`).
     pub(crate) profile_recording: Option<profile::Recording>,
+    /// The limits its clients are served within (`qos/`), from its
+    /// manifest.
+    pub(crate) qos: crate::qos::VolumeQos,
 }
 
 impl std::fmt::Debug for Volume {
@@ -280,6 +292,7 @@ impl Volume {
             lease: self.ownership.stats(),
             snapshots: self.counters.snapshots(self.manifest.snapshot_count()),
             hydration: self.hydration.stats(),
+            qos: self.qos.stats(),
         }
     }
 

@@ -25,11 +25,12 @@ use crate::snapshot::Lineage;
 
 impl Volume {
     /// Opens (and recovers) volume `name`.
-    pub async fn open(
+    pub(crate) async fn open(
         store: Store,
         name: &str,
         config: Arc<VolumeConfig>,
         caches: Arc<SharedCaches>,
+        host_writes: Arc<crate::write::host_budget::HostWriteBudget>,
     ) -> Result<Arc<Volume>, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
         let started = std::time::Instant::now();
@@ -55,7 +56,12 @@ impl Volume {
         let lineage = inherited.lineage;
         // A clone never writes, moves or deletes its ancestors' segments.
         recovered.state.pins.inherit_upto(lineage.base_seq());
+        recovered.state.attach_host_budget(host_writes.clone());
         let size_bytes = manifest.size_bytes;
+        let qos = manifest.qos.clone().unwrap_or_default();
+        qos.validate().map_err(|e| VolumeError::Invalid(format!(
+            "volume {name:?}: its manifest's QoS limits are invalid ({e}); set valid ones with `strata volume set-qos {name} SPEC` (or `none`)"
+        )))?;
         let (hydrate_mode, hydrate) = hydration_mode(
             config.hydrate.mode,
             store.is_local(),
@@ -87,7 +93,7 @@ impl Volume {
             caches,
             manifest: ManifestWriter::new(name, manifest, manifest_version),
             closed: AtomicBool::new(false),
-            buffer_pool: Mutex::new(Vec::new()),
+            host_writes: host_writes.clone(),
             ownership,
             segments_uploaded: AtomicU64::new(0),
             zero_write_bytes_elided: AtomicU64::new(0),
@@ -95,6 +101,8 @@ impl Volume {
             gc: GcCounters::default(),
             counters: Default::default(),
             gc_wake: Arc::new(Notify::new()),
+            gc_quiet: AtomicBool::new(false),
+            housekeeping: Arc::new(Notify::new()),
             gc_pass: tokio::sync::Mutex::new(()),
             gc_pending: Mutex::new((0, 0)),
             lineage,
@@ -102,11 +110,12 @@ impl Volume {
             tasks_in_flight: AtomicU64::new(0),
             hydration: Arc::new(Hydration::new(hydrate_mode, hydration_state)),
             profile_recording,
+            qos: crate::qos::VolumeQos::new(qos),
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;
         vol.start_replayed_uploads();
-        vol.start_age_sealer();
+        vol.start_housekeeping();
         vol.start_lease_renewal();
         vol.start_gc();
         vol.start_hydration(profile);

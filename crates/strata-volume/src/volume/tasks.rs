@@ -1,12 +1,19 @@
 //! The background tasks of an open volume: lease renewal (fencing the
-//! volume on a takeover) and the age sealer (so an idle volume's last
-//! writes reach the store). Each holds a weak reference and ends with the
+//! volume on a takeover) and housekeeping (sealing old segments so an idle
+//! volume's last writes reach the store; giving an idle volume's journal
+//! space and buffers back). Each holds a weak reference and ends with the
 //! volume.
 
 use std::sync::Arc;
 
 use super::Volume;
 use crate::ownership::RenewError;
+
+/// A journal with nothing the store lacks and no write for this long gives
+/// its disk space back (`Journal::punch_if_idle`).
+const JOURNAL_IDLE_MS: u64 = 30_000;
+/// How often housekeeping looks again while uploads are under way.
+const UPLOADS_RECHECK_MS: u64 = 1_000;
 
 impl Volume {
     /// Renews the store lease every third of its TTL while open (every
@@ -43,21 +50,59 @@ impl Volume {
         });
     }
 
-    /// Seals segments that are old enough, so idle volumes reach the store.
-    pub(crate) fn start_age_sealer(self: &Arc<Self>) {
+    /// The volume's housekeeping: seals the open segment once it is old
+    /// enough (so an idle volume's last writes reach the store), then gives
+    /// the journal's disk space and the segment buffers back once nothing
+    /// was written for `JOURNAL_IDLE_MS`. Sleeps until the next of those is
+    /// due, and while there is none, until a write lands in an empty open
+    /// segment (`housekeeping` is notified): an idle volume runs nothing.
+    pub(crate) fn start_housekeeping(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
-        let period =
-            std::time::Duration::from_millis((self.config.segment_max_age_ms / 4).clamp(50, 1000));
+        let wake = self.housekeeping.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
             loop {
-                tick.tick().await;
-                let Some(vol) = weak.upgrade() else { return };
-                if vol.closed.load(std::sync::atomic::Ordering::Acquire) {
-                    return;
+                let notified = wake.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let next = {
+                    let Some(vol) = weak.upgrade() else { return };
+                    if vol.closed.load(std::sync::atomic::Ordering::Acquire) {
+                        return;
+                    }
+                    vol.seal_if_old();
+                    if vol.journal.punch_if_idle(JOURNAL_IDLE_MS) {
+                        vol.release_idle_buffers();
+                    }
+                    vol.next_housekeeping()
+                };
+                match next {
+                    Some(after) => {
+                        tokio::select! {
+                            () = tokio::time::sleep(after) => {}
+                            () = &mut notified => {}
+                        }
+                    }
+                    None => notified.await,
                 }
-                vol.seal_if_old();
             }
         });
+    }
+
+    /// When housekeeping is next due (`None`: not until a write).
+    fn next_housekeeping(&self) -> Option<std::time::Duration> {
+        let max_age = std::time::Duration::from_millis(self.config.segment_max_age_ms);
+        let st = self.state.lock();
+        if !st.open.is_empty() {
+            return Some(max_age.saturating_sub(st.open.opened_at.elapsed()));
+        }
+        if !st.sealed.is_empty() {
+            // Uploads under way: the journal frees as they finish.
+            return Some(std::time::Duration::from_millis(UPLOADS_RECHECK_MS));
+        }
+        drop(st);
+        // A moment past the deadline, so the punch finds it passed.
+        self.journal
+            .until_idle(JOURNAL_IDLE_MS)
+            .map(|d| d + std::time::Duration::from_millis(10))
     }
 }

@@ -141,6 +141,7 @@ impl Volume {
         }
         self.space.notify_waiters();
         self.progress.notify_waiters();
+        self.wake_quiet_gc();
     }
 }
 

@@ -18,9 +18,6 @@ use crate::error::VolumeError;
 use crate::format::journal::{record_bytes, RecordKind};
 use crate::write::state::{apply_op, State};
 
-/// Segment buffers kept for reuse.
-const BUFFER_POOL_MAX: usize = 2;
-
 impl Volume {
     /// Writes `data` at `offset`. Returns once the write survives a crash of
     /// this process; with `fua`, once it survives loss of power. Data that
@@ -123,14 +120,26 @@ impl Volume {
         // Back-pressure is counted only when a writer waits: the clock is
         // read at the first wait, never on the common path.
         let mut waiting: Option<(WaitFor, Instant)> = None;
+        let host = self.state.lock().host.clone();
         let jseq = loop {
             let notified = self.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // Other volumes' uploads may make room in the server's budget.
+            let freed = host.freed();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
             match self.try_log_op(kind, offset, len, data)? {
                 Ok(jseq) => break jseq,
                 Err(reason) => {
                     waiting.get_or_insert_with(|| (reason, Instant::now()));
+                    if reason == WaitFor::HostBuffer {
+                        tokio::select! {
+                            () = &mut notified => {}
+                            () = &mut freed => {}
+                        }
+                        continue;
+                    }
                 }
             }
             notified.await;
@@ -185,6 +194,13 @@ impl Volume {
         {
             return Ok(Err(WaitFor::WriteBuffer));
         }
+        if !st.host.admits(st.buffered_cost_bytes, cost) {
+            // What this volume holds drains only by uploads: its open
+            // segment goes now rather than when full or old (with many
+            // volumes, a fair share is smaller than a segment).
+            self.seal_locked(&mut st, false);
+            return Ok(Err(WaitFor::HostBuffer));
+        }
         if !self.ownership.is_valid() {
             // The lease may have expired: another server may own the volume
             // now. Wait for a renewal (or fencing) before acknowledging.
@@ -193,7 +209,12 @@ impl Volume {
         let Some((jseq, end_lpos)) = self.journal.try_append(kind, offset, len, data) else {
             return Ok(Err(WaitFor::Journal));
         };
+        let was_empty = st.open.is_empty();
         apply_op(&mut st, kind, offset, len, data, cost, jseq, end_lpos);
+        if was_empty {
+            // Its age counts from now: housekeeping seals it when due.
+            self.housekeeping.notify_one();
+        }
         if st.open.cost_bytes >= self.config.segment_bytes {
             self.seal_locked(&mut st, false);
         }
@@ -217,21 +238,24 @@ impl Volume {
         self.spawn_tracked(|vol| async move { vol.upload(sealed, ckpt).await });
     }
 
-    /// An empty segment buffer: a recycled one if there is one.
+    /// An empty segment buffer (`HostWriteBudget::take_buffer`).
     pub(crate) fn take_buffer(&self) -> Vec<u8> {
-        self.buffer_pool
-            .lock()
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(self.config.segment_bytes as usize))
+        self.host_writes.take_buffer()
     }
 
-    /// Keeps an uploaded segment's buffer for reuse (at most a few).
-    pub(crate) fn recycle_buffer(&self, buffer: Vec<u8>) {
-        let mut pool = self.buffer_pool.lock();
-        if pool.len() < BUFFER_POOL_MAX && buffer.capacity() as u64 <= 2 * self.config.segment_bytes
-        {
-            pool.push(buffer);
+    /// An idle volume's memory back to the allocator: the open segment's
+    /// buffer while it is empty.
+    pub(crate) fn release_idle_buffers(&self) {
+        let mut st = self.state.lock();
+        if st.open.is_empty() && st.open.data.capacity() > 0 {
+            st.open.data = Vec::new();
         }
+    }
+
+    /// Keeps an uploaded segment's buffer for reuse (server-wide, a few).
+    pub(crate) fn recycle_buffer(&self, buffer: Vec<u8>) {
+        let max = 2 * self.config.segment_bytes as usize;
+        self.host_writes.recycle_buffer(buffer, max);
     }
 
     /// Seals the open segment if it is older than the configured age.

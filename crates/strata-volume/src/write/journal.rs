@@ -66,11 +66,13 @@ impl Journal {
                 head_lpos: head.lpos,
                 tail_lpos,
                 next_jseq: head.jseq,
-                pending: Vec::with_capacity(1 << 20),
+                pending: Vec::new(),
                 runs: Vec::new(),
                 sync_requested_jseq: 0,
                 shutdown: false,
-                spare: Vec::with_capacity(1 << 20),
+                spare: Vec::new(),
+                last_append: std::time::Instant::now(),
+                punched: false,
             }),
             write_lock: Mutex::new(()),
             wake_writer: Condvar::new(),
@@ -144,6 +146,8 @@ impl Journal {
         );
         st.head_lpos += rec;
         st.next_jseq += 1;
+        st.last_append = std::time::Instant::now();
+        st.punched = false;
         let end = st.head_lpos;
         drop(st);
         Some((jseq, end))
@@ -156,6 +160,48 @@ impl Journal {
         if lpos > st.tail_lpos {
             st.tail_lpos = lpos;
         }
+    }
+
+    /// Gives the ring's disk space back to the filesystem when it holds
+    /// nothing the store lacks (tail at head) and nothing was appended for
+    /// `idle_ms`: an idle volume's journal takes its superblock's 4 KiB.
+    /// Not on every release: writes into punched space allocate blocks,
+    /// which a FLUSH's `fdatasync` must then commit, so a busy volume keeps
+    /// its ring. Returns whether it punched.
+    pub fn punch_if_idle(&self, idle_ms: u64) -> bool {
+        // The state lock is held across the call: no append can land in
+        // the ring while it is being punched.
+        let mut st = self.shared.state.lock();
+        let idle = st.last_append.elapsed().as_millis() >= u128::from(idle_ms);
+        if st.punched || !idle || st.tail_lpos != st.head_lpos || !st.pending.is_empty() {
+            return false;
+        }
+        match super::journal_file::punch_hole(&self.file, 0, self.sb.ring_bytes) {
+            Ok(()) => {
+                st.punched = true;
+                // Buffers are allocated again by the next write.
+                st.pending = Vec::new();
+                st.spare = Vec::new();
+                true
+            }
+            Err(e) => {
+                // A filesystem without hole punching keeps the space.
+                tracing::debug!(path = %self.path.display(), error = %e, "journal space not given back");
+                st.punched = true;
+                false
+            }
+        }
+    }
+
+    /// How long until `punch_if_idle(idle_ms)` could punch: `None` when
+    /// there is nothing to give back (punched, nothing written since).
+    pub fn until_idle(&self, idle_ms: u64) -> Option<std::time::Duration> {
+        let st = self.shared.state.lock();
+        if st.punched {
+            return None;
+        }
+        let idle = std::time::Duration::from_millis(idle_ms);
+        Some(idle.saturating_sub(st.last_append.elapsed()))
     }
 
     /// The error that stopped the writer thread, if it stopped.
@@ -331,6 +377,61 @@ mod tests {
         }
         assert_eq!(start_idx + n, all.len());
         assert!(all.last().unwrap().1 > 2 * ring, "test must wrap the ring");
+    }
+
+    #[tokio::test]
+    async fn a_journal_takes_disk_only_while_it_holds_what_the_store_lacks() {
+        let allocated_bytes = |p: &Path| -> std::io::Result<u64> {
+            use std::os::unix::fs::MetadataExt;
+            Ok(std::fs::metadata(p)?.blocks() * 512)
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.journal");
+        let ring = 4 * MIN_RING_BYTES;
+        create(&path, sb(ring)).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            SUPERBLOCK_BYTES + ring
+        );
+        assert!(
+            allocated_bytes(&path).unwrap() <= 64 << 10,
+            "created sparse"
+        );
+        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0).unwrap();
+        let payload = vec![7u8; 64 << 10];
+        let mut last = (0, 0);
+        for i in 0..32u64 {
+            last = j
+                .try_append(RecordKind::Write, i << 16, 64 << 10, &payload)
+                .unwrap();
+        }
+        j.sync(last.0).await.unwrap();
+        assert!(allocated_bytes(&path).unwrap() >= 2 << 20, "written");
+        // Not while records are unreleased, nor before the idle time.
+        assert!(!j.punch_if_idle(0));
+        j.release_to(last.1);
+        assert!(!j.punch_if_idle(60_000));
+        assert!(j.punch_if_idle(0));
+        assert!(allocated_bytes(&path).unwrap() <= 64 << 10, "punched");
+        assert!(!j.punch_if_idle(0), "once");
+        // Appending goes on after a punch, and a scan from the release
+        // point finds exactly what came after it (the hole reads as zeros).
+        let r = j
+            .try_append(RecordKind::Write, 0, 4096, &[9u8; 4096])
+            .unwrap();
+        j.sync(r.0).await.unwrap();
+        drop(j);
+        let start = Position {
+            lpos: last.1,
+            jseq: last.0 + 1,
+        };
+        let mut s = Scanner::open(&path, sb(ring), start).unwrap();
+        let rec = s
+            .next_record()
+            .unwrap()
+            .expect("the record after the punch");
+        assert_eq!((rec.jseq, rec.payload.len()), (r.0, 4096));
+        assert!(s.next_record().unwrap().is_none());
     }
 
     #[test]

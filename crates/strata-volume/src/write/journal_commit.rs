@@ -26,6 +26,10 @@ pub(crate) struct AppendState {
     pub(crate) sync_requested_jseq: u64,
     pub(crate) shutdown: bool,
     pub(crate) spare: Vec<u8>,
+    /// When the last record was appended (`Journal::punch_if_idle`).
+    pub(crate) last_append: std::time::Instant,
+    /// The ring holds nothing since its space was last given back.
+    pub(crate) punched: bool,
 }
 
 pub(crate) struct Shared {

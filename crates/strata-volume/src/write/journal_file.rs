@@ -45,8 +45,12 @@ pub(crate) fn io_err<'a>(
     }
 }
 
-/// Creates a new journal file (zero-filled, so later writes are overwrites
-/// and `fdatasync` need not update extent metadata), replacing any old one.
+/// Creates a new journal file, sparse: its ring takes no disk until
+/// written (a volume that is never written costs its superblock's 4 KiB,
+/// and `serve` does not write gigabytes of zeros for a host's volumes
+/// before it is ready). A hole reads as zeros, which no record header
+/// verifies, so a scan stops there as at any stale byte. Replaces any old
+/// file.
 pub fn create(path: &Path, sb: Superblock) -> Result<(), JournalError> {
     let tmp = path.with_extension("journal.tmp");
     let file = OpenOptions::new()
@@ -55,12 +59,8 @@ pub fn create(path: &Path, sb: Superblock) -> Result<(), JournalError> {
         .write(true)
         .open(&tmp)
         .map_err(io_err(&tmp, "create"))?;
-    zero_fill(
-        &file,
-        &tmp,
-        SUPERBLOCK_BYTES,
-        SUPERBLOCK_BYTES + sb.ring_bytes,
-    )?;
+    file.set_len(SUPERBLOCK_BYTES + sb.ring_bytes)
+        .map_err(io_err(&tmp, "set the ring's size"))?;
     file.write_all_at(&sb.encode(), 0)
         .map_err(io_err(&tmp, "write superblock"))?;
     file.sync_all().map_err(io_err(&tmp, "fsync"))?;
@@ -73,51 +73,24 @@ pub fn create(path: &Path, sb: Superblock) -> Result<(), JournalError> {
     Ok(())
 }
 
-/// Writes zeros over `[start, end)`, with O_DIRECT where the filesystem
-/// allows it: a 256 MiB journal written through the page cache cost seconds
-/// of fresh-page faults on first open here, and evicted useful cache.
-fn zero_fill(file: &File, path: &Path, start: u64, end: u64) -> Result<(), JournalError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    const CHUNK: usize = 1 << 20;
-    const ALIGN: usize = 4096;
-    let direct = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .ok();
-    let target = direct.as_ref().unwrap_or(file);
-    // An aligned 1 MiB window inside a slightly larger zeroed buffer.
-    let raw = vec![0u8; CHUNK + ALIGN];
-    let skip = raw.as_ptr().align_offset(ALIGN).min(ALIGN);
-    let zeros = &raw[skip..skip + CHUNK];
-    let mut off = start;
-    while off < end {
-        let n = (end - off).min(CHUNK as u64) as usize;
-        let result = target.write_all_at(&zeros[..n], off);
-        if let Err(e) = result {
-            if direct.is_some() && e.raw_os_error() == Some(libc::EINVAL) {
-                // Unaligned tail or no O_DIRECT support: finish buffered.
-                return zero_fill_buffered(file, path, off, end, zeros);
-            }
-            return Err(io_err(path, "zero-fill")(e));
-        }
-        off += n as u64;
+/// Gives the disk space of ring bytes `[start, end)` (ring offsets) back to
+/// the filesystem; they read as zeros after. Only for bytes before the
+/// journal's tail (safe in the store): nothing there is replayed.
+pub(crate) fn punch_hole(file: &File, start: u64, end: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if end <= start {
+        return Ok(());
     }
-    Ok(())
-}
-
-fn zero_fill_buffered(
-    file: &File,
-    path: &Path,
-    mut off: u64,
-    end: u64,
-    zeros: &[u8],
-) -> Result<(), JournalError> {
-    while off < end {
-        let n = (end - off).min(zeros.len() as u64) as usize;
-        file.write_all_at(&zeros[..n], off)
-            .map_err(io_err(path, "zero-fill"))?;
-        off += n as u64;
+    let (offset, len) = (SUPERBLOCK_BYTES + start, end - start);
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on a file descriptor this `File` owns; no memory is
+    // passed.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

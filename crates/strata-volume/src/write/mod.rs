@@ -14,6 +14,7 @@
 //! It never reads from the store, knows nothing of the read path's caches,
 //! and does not sequence the steps itself: `volume/` does.
 
+pub(crate) mod host_budget;
 pub(crate) mod journal;
 mod journal_commit;
 pub(crate) mod journal_file;

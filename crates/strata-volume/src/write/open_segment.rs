@@ -22,6 +22,10 @@ pub struct OpenSegment {
     pub opened_at: std::time::Instant,
     /// Entries that are garbage collector copies.
     pub gc_copies: u32,
+    /// Capacity an empty `data` takes on its first write (the segment
+    /// size): an idle volume holds no segment buffer, and a written one
+    /// fills one allocation without growing it.
+    pub reserve_bytes: usize,
 }
 
 impl OpenSegment {
@@ -40,6 +44,19 @@ impl OpenSegment {
             cost_bytes: 0,
             opened_at: std::time::Instant::now(),
             gc_copies: 0,
+            reserve_bytes: 0,
+        }
+    }
+
+    /// Gives an empty segment's buffer capacity before data lands in it,
+    /// and starts its age (`segment_max_age_ms` counts from its first
+    /// entry, not from when it was opened).
+    fn reserve(&mut self, len: usize) {
+        if self.entries.is_empty() {
+            self.opened_at = std::time::Instant::now();
+        }
+        if self.data.capacity() == 0 {
+            self.data.reserve_exact(self.reserve_bytes.max(len));
         }
     }
 
@@ -62,7 +79,10 @@ impl OpenSegment {
         let data_offset = self.data.len() as u64;
         if kind == EntryKind::Write {
             debug_assert_eq!(data.len() as u64, len);
+            self.reserve(data.len());
             self.data.extend_from_slice(data);
+        } else if self.entries.is_empty() {
+            self.opened_at = std::time::Instant::now();
         }
         self.entries.push(Entry {
             kind,
@@ -85,6 +105,7 @@ impl OpenSegment {
     /// the data offset of the bytes.
     pub fn push_copy(&mut self, offset: u64, data: &[u8], cost_bytes: u64) -> u64 {
         let data_offset = self.data.len() as u64;
+        self.reserve(data.len());
         self.data.extend_from_slice(data);
         self.entries.push(Entry {
             kind: EntryKind::Write,

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::host_budget::HostWriteBudget;
 use super::open_segment::{OpenSegment, SealedSegment};
 use crate::format::journal::RecordKind;
 use crate::format::segment::{EntryKind, JournalSpan};
@@ -35,8 +36,13 @@ pub(crate) struct State {
     /// process, read at recovery or by GC): a compressed segment's live
     /// bytes are weighed against these, not against its object bytes.
     pub data_sizes: BTreeMap<u64, u64>,
-    /// Journal bytes of everything in memory (open + sealed).
+    /// Journal bytes of everything in memory (open + sealed); changed only
+    /// through `add_buffered`/`release_buffered`, which keep the server's
+    /// budget (`host`) in step.
     pub buffered_cost_bytes: u64,
+    /// The server's budget for written data, shared by its volumes
+    /// (unlimited until `Volume::open` attaches the server's).
+    pub host: Arc<HostWriteBudget>,
     /// Every segment up to this one is in the store.
     pub durable_seq: u64,
     pub segments_since_checkpoint: u64,
@@ -70,7 +76,8 @@ impl State {
         if self.open.span.first_jseq == 0 {
             self.open.span = self.copy_only_span();
         }
-        let next = OpenSegment::new(self.open.seq + 1, buffer, self.open.span.journal_id);
+        let mut next = OpenSegment::new(self.open.seq + 1, buffer, self.open.span.journal_id);
+        next.reserve_bytes = self.open.reserve_bytes;
         let sealed = Arc::new(std::mem::replace(&mut self.open, next).seal());
         self.sealed.insert(sealed.seq, sealed.clone());
         self.last_sealed_span = sealed.span;
@@ -120,11 +127,41 @@ impl State {
             self.durable_seq += 1;
             let durable = self.durable_seq;
             if let Some(s) = self.sealed.remove(&durable) {
-                self.buffered_cost_bytes -= s.cost_bytes;
+                self.release_buffered(s.cost_bytes);
                 release_lpos = Some(s.span.end_lpos);
             }
         }
         release_lpos
+    }
+}
+
+impl State {
+    /// Counts `cost` more bytes in memory, here and in the server's budget.
+    pub(crate) fn add_buffered(&mut self, cost: u64) {
+        self.host.add(self.buffered_cost_bytes, cost);
+        self.buffered_cost_bytes += cost;
+    }
+
+    /// Counts `freed` bytes uploaded, here and in the server's budget.
+    pub(crate) fn release_buffered(&mut self, freed: u64) {
+        self.buffered_cost_bytes -= freed;
+        self.host.release(self.buffered_cost_bytes, freed);
+    }
+
+    /// Moves what the state holds into the server's budget `host`.
+    pub(crate) fn attach_host_budget(&mut self, host: Arc<HostWriteBudget>) {
+        let held = self.buffered_cost_bytes;
+        self.host.release(0, held);
+        host.add(0, held);
+        self.host = host;
+    }
+}
+
+impl Drop for State {
+    /// A volume dropped with data in memory (failed, fenced) gives its
+    /// share of the server's budget back.
+    fn drop(&mut self) {
+        self.host.release(0, self.buffered_cost_bytes);
     }
 }
 
@@ -141,6 +178,7 @@ impl State {
             stored: BTreeMap::new(),
             data_sizes: BTreeMap::new(),
             buffered_cost_bytes: 0,
+            host: Arc::new(HostWriteBudget::unlimited()),
             durable_seq: open_seq - 1,
             segments_since_checkpoint: 0,
             last_sealed_span: JournalSpan::default(),
@@ -244,5 +282,5 @@ pub(crate) fn apply_op(
         changed.mark(&st.map, offset, len, entry_kind == EntryKind::Write);
     }
     st.map.set(offset, len, target);
-    st.buffered_cost_bytes += cost;
+    st.add_buffered(cost);
 }

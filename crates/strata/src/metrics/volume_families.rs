@@ -248,6 +248,12 @@ const PER_VOLUME: &[PerVolume] = &[
         "GETs hydration sent.",
         |v| v.hydration.gets,
     ),
+    (
+        Counter,
+        "strata_volume_qos_throttled_requests_total",
+        "Client requests that waited for the volume's QoS limits (`volume set-qos`).",
+        |v| v.qos.throttled_requests,
+    ),
 ];
 
 pub(super) fn volume_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::Result {
@@ -262,6 +268,16 @@ pub(super) fn volume_families(enc: &mut DescriptorEncoder, volumes: &Volumes) ->
         }
     }
     write_wait_families(enc, volumes)?;
+    let waited: Vec<(Labels, f64)> = volumes
+        .iter()
+        .map(|(name, v)| (label("volume", name), v.qos.wait_ms as f64 / 1e3))
+        .collect();
+    counters(
+        enc,
+        "strata_volume_qos_wait_seconds_total",
+        "Time client requests spent waiting for the volume's QoS limits.",
+        &waited,
+    )?;
     lease_families(enc, volumes)
 }
 
@@ -278,7 +294,7 @@ fn write_wait_families(enc: &mut DescriptorEncoder, volumes: &Volumes) -> fmt::R
     counters(
         enc,
         "strata_volume_write_waits_total",
-        "Writes that waited for room before they were accepted, by what they waited for first: write_buffer (uploads behind), journal (full), lease (not renewed in time), resize.",
+        "Writes that waited for room before they were accepted, by what they waited for first: write_buffer (uploads behind), journal (full), lease (not renewed in time), resize, host_write_buffer (the server's --write-buffer-total, this volume over its share).",
         &waits,
     )?;
     counters(
