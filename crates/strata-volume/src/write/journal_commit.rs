@@ -46,6 +46,59 @@ pub(crate) struct Shared {
     pub(crate) failed: AtomicBool,
     pub(crate) failure: Mutex<Option<String>>,
     pub(crate) progress: Notify,
+    /// Ring space allocated ahead of the head (`allocate_ahead`).
+    pub(crate) allocated: Mutex<Allocated>,
+}
+
+/// Logical positions whose ring bytes are written (zeros or records) since
+/// the journal was opened or punched: `[from, until)`, the whole ring once
+/// `until - from >= ring`.
+#[derive(Debug, Default)]
+pub(crate) struct Allocated {
+    pub from: u64,
+    pub until: u64,
+}
+
+/// The ring is written with zeros this far ahead of the records ...
+const ALLOCATE_AHEAD_BYTES: u64 = 4 << 20;
+/// ... in steps of this much (one step under `write_lock` at a time).
+const ALLOCATE_STEP_BYTES: u64 = 2 << 20;
+
+/// Writes zeros over the ring's bytes ahead of the batch about to be
+/// written (`[start_lpos, end_lpos)`), so records land on blocks the
+/// filesystem has already allocated and written: a journal is a sparse
+/// file (`journal_file::create`), and a record written into a hole, or
+/// into an `fallocate`d (unwritten) extent, makes the next `fdatasync`
+/// commit block metadata. Measured here (fio 4 KiB write + FLUSH at QD1),
+/// FLUSH p50/p99: 120/181 µs on a zero-filled journal, 198/289 µs on a
+/// sparse one, 200/261 µs with `fallocate` ahead. Only bytes at or past
+/// `start_lpos` (nothing written there yet: the batch overwrites them
+/// next) and before the tail's next lap (live records) are zeroed. The
+/// caller holds `write_lock`, so no other batch is written meanwhile.
+fn allocate_ahead(
+    file: &File,
+    shared: &Shared,
+    ring: u64,
+    (start_lpos, end_lpos): (u64, u64),
+) -> io::Result<()> {
+    let mut a = shared.allocated.lock();
+    if a.until.saturating_sub(a.from) >= ring || end_lpos + ALLOCATE_AHEAD_BYTES <= a.until {
+        return Ok(());
+    }
+    let tail = shared.state.lock().tail_lpos;
+    let from = a.until.max(start_lpos);
+    let until = (end_lpos + ALLOCATE_AHEAD_BYTES + ALLOCATE_STEP_BYTES)
+        .min(a.from + ring)
+        .min(tail + ring);
+    let mut at = from;
+    while at < until {
+        let phys = at % ring;
+        let len = (until - at).min(ring - phys);
+        super::journal_file::write_zeros(file, phys, phys + len)?;
+        at += len;
+    }
+    a.until = a.until.max(until);
+    Ok(())
 }
 
 /// Appends one record to the pending buffer, starting a run at ring
@@ -79,6 +132,8 @@ struct Batch {
     buf: Vec<u8>,
     runs: Vec<(u64, usize)>,
     last_jseq: u64,
+    /// Logical position after its last record.
+    end_lpos: u64,
 }
 
 pub(crate) fn fail(shared: &Shared, e: &io::Error) {
@@ -100,8 +155,11 @@ pub(crate) fn write_pending(file: &File, shared: &Shared, ring: u64) -> io::Resu
             buf: std::mem::replace(&mut st.pending, spare),
             runs: std::mem::take(&mut st.runs),
             last_jseq: st.next_jseq - 1,
+            end_lpos: st.head_lpos,
         }
     };
+    let start_lpos = batch.end_lpos - batch.buf.len() as u64;
+    allocate_ahead(file, shared, ring, (start_lpos, batch.end_lpos))?;
     write_batch(file, &batch, ring)?;
     shared
         .written_jseq
