@@ -81,12 +81,8 @@ impl Journal {
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             progress: Notify::new(),
-            // Not known: allocated again from the head on (a no-op where
-            // blocks exist).
-            allocated: Mutex::new(super::journal_commit::Allocated {
-                from: head.lpos,
-                until: head.lpos,
-            }),
+            // Not known: zeroed again from the head on.
+            disk: Mutex::new(super::journal_disk::JournalDisk::at(head.lpos)),
         });
         let writer = {
             let (file, shared, ring) = (file.clone(), shared.clone(), sb.ring_bytes);
@@ -185,10 +181,7 @@ impl Journal {
         match super::journal_file::punch_hole(&self.file, 0, self.sb.ring_bytes) {
             Ok(()) => {
                 st.punched = true;
-                *self.shared.allocated.lock() = super::journal_commit::Allocated {
-                    from: st.head_lpos,
-                    until: st.head_lpos,
-                };
+                self.shared.disk.lock().punched(st.head_lpos);
                 // Buffers are allocated again by the next write.
                 st.pending = Vec::new();
                 st.spare = Vec::new();

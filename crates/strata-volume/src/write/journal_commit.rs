@@ -46,59 +46,9 @@ pub(crate) struct Shared {
     pub(crate) failed: AtomicBool,
     pub(crate) failure: Mutex<Option<String>>,
     pub(crate) progress: Notify,
-    /// Ring space allocated ahead of the head (`allocate_ahead`).
-    pub(crate) allocated: Mutex<Allocated>,
-}
-
-/// Logical positions whose ring bytes are written (zeros or records) since
-/// the journal was opened or punched: `[from, until)`, the whole ring once
-/// `until - from >= ring`.
-#[derive(Debug, Default)]
-pub(crate) struct Allocated {
-    pub from: u64,
-    pub until: u64,
-}
-
-/// The ring is written with zeros this far ahead of the records ...
-const ALLOCATE_AHEAD_BYTES: u64 = 4 << 20;
-/// ... in steps of this much (one step under `write_lock` at a time).
-const ALLOCATE_STEP_BYTES: u64 = 2 << 20;
-
-/// Writes zeros over the ring's bytes ahead of the batch about to be
-/// written (`[start_lpos, end_lpos)`), so records land on blocks the
-/// filesystem has already allocated and written: a journal is a sparse
-/// file (`journal_file::create`), and a record written into a hole, or
-/// into an `fallocate`d (unwritten) extent, makes the next `fdatasync`
-/// commit block metadata. Measured here (fio 4 KiB write + FLUSH at QD1),
-/// FLUSH p50/p99: 120/181 µs on a zero-filled journal, 198/289 µs on a
-/// sparse one, 200/261 µs with `fallocate` ahead. Only bytes at or past
-/// `start_lpos` (nothing written there yet: the batch overwrites them
-/// next) and before the tail's next lap (live records) are zeroed. The
-/// caller holds `write_lock`, so no other batch is written meanwhile.
-fn allocate_ahead(
-    file: &File,
-    shared: &Shared,
-    ring: u64,
-    (start_lpos, end_lpos): (u64, u64),
-) -> io::Result<()> {
-    let mut a = shared.allocated.lock();
-    if a.until.saturating_sub(a.from) >= ring || end_lpos + ALLOCATE_AHEAD_BYTES <= a.until {
-        return Ok(());
-    }
-    let tail = shared.state.lock().tail_lpos;
-    let from = a.until.max(start_lpos);
-    let until = (end_lpos + ALLOCATE_AHEAD_BYTES + ALLOCATE_STEP_BYTES)
-        .min(a.from + ring)
-        .min(tail + ring);
-    let mut at = from;
-    while at < until {
-        let phys = at % ring;
-        let len = (until - at).min(ring - phys);
-        super::journal_file::write_zeros(file, phys, phys + len)?;
-        at += len;
-    }
-    a.until = a.until.max(until);
-    Ok(())
+    /// Ring space written ahead of the head, and the writeback of what
+    /// is written (`journal_disk.rs`).
+    pub(crate) disk: Mutex<super::journal_disk::JournalDisk>,
 }
 
 /// Appends one record to the pending buffer, starting a run at ring
@@ -159,8 +109,12 @@ pub(crate) fn write_pending(file: &File, shared: &Shared, ring: u64) -> io::Resu
         }
     };
     let start_lpos = batch.end_lpos - batch.buf.len() as u64;
-    allocate_ahead(file, shared, ring, (start_lpos, batch.end_lpos))?;
+    let tail_lpos = shared.state.lock().tail_lpos;
+    let mut disk = shared.disk.lock();
+    disk.zero_ahead(file, ring, (start_lpos, batch.end_lpos), tail_lpos)?;
     write_batch(file, &batch, ring)?;
+    disk.after_write(file, ring, batch.end_lpos)?;
+    drop(disk);
     shared
         .written_jseq
         .store(batch.last_jseq, Ordering::Release);
@@ -194,6 +148,7 @@ pub(crate) fn writer_loop(file: &File, shared: &Shared, ring: u64) {
         let written = shared.written_jseq.load(Ordering::Acquire);
         let result = result.and_then(|()| {
             if sync_to > shared.synced_jseq.load(Ordering::Acquire) {
+                let _flushing = super::journal_disk::Flushing::start();
                 file.sync_data()?;
                 shared.synced_jseq.store(written, Ordering::Release);
             }

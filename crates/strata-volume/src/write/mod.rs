@@ -17,6 +17,7 @@
 pub(crate) mod host_budget;
 pub(crate) mod journal;
 mod journal_commit;
+mod journal_disk;
 pub(crate) mod journal_file;
 pub(crate) mod open_segment;
 pub(crate) mod segment_put;
