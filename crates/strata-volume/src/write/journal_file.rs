@@ -74,10 +74,9 @@ pub fn create(path: &Path, sb: Superblock) -> Result<(), JournalError> {
 }
 
 /// Writes zeros over ring bytes `[start, end)` (ring offsets) and waits
-/// until they are on disk (`sync_file_range`), so the blocks are allocated
-/// and written before records overwrite them.
+/// until they are on disk (`write_back`), so the blocks are allocated and
+/// written before records overwrite them.
 pub(crate) fn write_zeros(file: &File, start: u64, end: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     static ZEROS: [u8; 64 << 10] = [0u8; 64 << 10];
     let mut at = start;
     while at < end {
@@ -85,20 +84,7 @@ pub(crate) fn write_zeros(file: &File, start: u64, end: u64) -> io::Result<()> {
         file.write_all_at(&ZEROS[..n], SUPERBLOCK_BYTES + at)?;
         at += n as u64;
     }
-    let (Ok(offset), Ok(len)) = (
-        libc::off64_t::try_from(SUPERBLOCK_BYTES + start),
-        libc::off64_t::try_from(end - start),
-    ) else {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    };
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-        | libc::SYNC_FILE_RANGE_WRITE
-        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: on a file descriptor this `File` owns; no memory is passed.
-    if unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    write_back(file, start, end)
 }
 
 /// Starts the writeback of ring bytes `[start, end)` (ring offsets) and
