@@ -103,6 +103,22 @@ fn hydration(server: &Server, volume: &str) -> serde_json::Value {
     v["hydration"].clone()
 }
 
+/// Waits until `volume` has prefetched its snapshot's profile, which
+/// must have made `bytes` local.
+fn wait_profile_prefetched(server: &Server, volume: &str, bytes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = hydration(server, volume);
+        let state = h["profile"].as_str().unwrap_or("").to_string();
+        if state.starts_with("prefetched") {
+            assert_eq!(h["profile_bytes"].as_u64(), Some(bytes), "{h}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "profile not prefetched: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Waits until `volume`'s hydration is in `state`.
 fn wait_state(server: &Server, volume: &str, state: &str) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -411,20 +427,7 @@ fn a_profile_recorded_on_one_clone_prefetches_for_the_next() {
     server.cli_ok(&["volume", "clone", "base@gold", "c2"]);
     server.target = Target::strata_s3(&store, &off).with_args(&["--volume", "c2"]);
     server.restart_on_new_host();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let h = hydration(&server, "c2");
-        if h["profile"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("prefetched")
-        {
-            assert_eq!(h["profile_bytes"].as_u64(), Some(7 * MIB), "{h}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "profile not prefetched: {h}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_profile_prefetched(&server, "c2", 7 * MIB);
     let before = fresh_stats(&stats_path, Instant::now());
     assert!(
         gets(&before).0 > 0,
@@ -501,17 +504,7 @@ fn an_encrypted_images_profile_is_sealed_and_prefetches_for_the_next_clone() {
     server.cli_ok(&["--key-file", k, "volume", "clone", "base@gold", "c2"]);
     server.target = Target::strata_s3(&store, &off).with_args(&["--volume", "c2"]);
     server.restart_on_new_host();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let h = hydration(&server, "c2");
-        let state = h["profile"].as_str().unwrap_or("").to_string();
-        if state.starts_with("prefetched") {
-            assert_eq!(h["profile_bytes"].as_u64(), Some(4 * MIB), "{h}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "profile not prefetched: {h}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_profile_prefetched(&server, "c2", 4 * MIB);
     let before = fresh_stats(&stats_path, Instant::now());
     qemu_io_verify(&server.uri("c2"), &boot, "c2's boot, prefetched");
     let after = fresh_stats(&stats_path, Instant::now());
