@@ -35,6 +35,9 @@ pub const MIN_LEASE_TTL_MS: u64 = 1_000;
 /// 16 volumes writing at once get 32 MiB each (two segments), one alone
 /// its own `write_buffer_bytes`.
 pub const DEFAULT_WRITE_BUFFER_TOTAL_BYTES: u64 = 512 * MIB;
+/// Segment uploads in flight, all volumes of a server together: 8 volumes
+/// at their own cap (4), or 32 volumes with one each.
+pub const DEFAULT_PARALLEL_UPLOADS_TOTAL: usize = 32;
 /// Read-ahead holds up to a few windows of GET buffers at once.
 const MAX_READAHEAD_BYTES: u64 = 64 * MIB;
 
@@ -54,6 +57,9 @@ pub struct VolumeConfig {
     /// The same, all volumes of a server together (0: no server-wide
     /// limit); shared fairly (`write/host_budget.rs`).
     pub write_buffer_total_bytes: u64,
+    /// Segment uploads in flight, all volumes together (0: no server-wide
+    /// limit); shared fairly (`write/host_uploads.rs`).
+    pub max_parallel_uploads_total: usize,
     /// Size of each volume's journal ring.
     pub journal_bytes: u64,
     /// RAM cache of segment data, shared by all volumes of a server.
@@ -214,6 +220,7 @@ impl VolumeConfig {
             segment_max_age_ms: 5_000,
             write_buffer_bytes: 128 * MIB,
             write_buffer_total_bytes: DEFAULT_WRITE_BUFFER_TOTAL_BYTES,
+            max_parallel_uploads_total: DEFAULT_PARALLEL_UPLOADS_TOTAL,
             journal_bytes: 256 * MIB,
             cache_bytes: 256 * MIB,
             disk_cache_bytes: 0,

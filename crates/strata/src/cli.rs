@@ -637,6 +637,13 @@ pub struct Budgets {
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub parallel_uploads: usize,
 
+    /// Segment uploads in flight, all volumes of the server together (0:
+    /// no server-wide limit). Shared fairly: a volume may always have its
+    /// share in flight (this over the volumes uploading), more while the
+    /// total has room; --parallel-uploads caps each volume.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub parallel_uploads_total: usize,
+
     /// Fetch a volume's data from the store into the disk cache in the
     /// background, in large GETs, until the volume is local (progress in
     /// `strata volume info` and /metrics; a log line when done). Clients'

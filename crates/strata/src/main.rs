@@ -303,6 +303,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         config.journal_bytes = size_option("--journal-size", &b.journal_size)?;
         config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
+        config.max_parallel_uploads_total = b.parallel_uploads_total;
         let remote = !store.is_local();
         let auto_disk_cache = strata_volume::auto_disk_cache_bytes(&config.data_dir);
         config.disk_cache_bytes = auto_size(

@@ -139,7 +139,10 @@ impl Engine {
         Ok(Engine {
             store,
             caches: Arc::new(SharedCaches::new(&config)?),
-            host_writes: Arc::new(HostWriteBudget::new(config.write_buffer_total_bytes)),
+            host_writes: Arc::new(HostWriteBudget::with_uploads(
+                config.write_buffer_total_bytes,
+                config.max_parallel_uploads_total,
+            )),
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
             snapshot_views: parking_lot::Mutex::new(HashMap::new()),

@@ -146,6 +146,8 @@ pub struct Volume {
     /// segment buffers (fresh memory costs page faults: measured here,
     /// first-touch pages cost 10-20x a reused page) (`write/host_budget.rs`).
     pub(crate) host_writes: Arc<crate::write::host_budget::HostWriteBudget>,
+    /// Its uploads in flight, as the server's upload slots count them.
+    pub(crate) uploads_in_flight: std::sync::atomic::AtomicUsize,
     /// The right to write: local lock, lease, epoch (`ownership/`).
     pub(crate) ownership: Ownership,
     pub(crate) segments_uploaded: AtomicU64,

@@ -94,6 +94,7 @@ impl Volume {
             manifest: ManifestWriter::new(name, manifest, manifest_version),
             closed: AtomicBool::new(false),
             host_writes: host_writes.clone(),
+            uploads_in_flight: std::sync::atomic::AtomicUsize::new(0),
             ownership,
             segments_uploaded: AtomicU64::new(0),
             zero_write_bytes_elided: AtomicU64::new(0),

@@ -48,6 +48,12 @@ impl Volume {
             return;
         };
         {
+            // The server's uploads in flight, shared fairly by its volumes.
+            let _host_slot = self
+                .host_writes
+                .uploads
+                .acquire(&self.uploads_in_flight)
+                .await;
             let put = put_segment(
                 &self.store,
                 &self.ownership,

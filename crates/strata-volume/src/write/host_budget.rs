@@ -27,6 +27,8 @@ pub(crate) struct HostWriteBudget {
     /// volume (a fresh buffer costs page faults on every first touch);
     /// at most `POOL_BUFFERS`.
     pool: Mutex<Vec<Vec<u8>>>,
+    /// Segment uploads in flight, all volumes together.
+    pub uploads: super::host_uploads::HostUploads,
 }
 
 /// Segment buffers kept for reuse, server-wide: enough for the segments a
@@ -42,7 +44,14 @@ struct Held {
 
 impl HostWriteBudget {
     pub fn new(total_bytes: u64) -> HostWriteBudget {
+        HostWriteBudget::with_uploads(total_bytes, 0)
+    }
+
+    /// A budget of `total_bytes` and of `total_uploads` uploads in flight
+    /// (0: no server-wide limit).
+    pub fn with_uploads(total_bytes: u64, total_uploads: usize) -> HostWriteBudget {
         HostWriteBudget {
+            uploads: super::host_uploads::HostUploads::new(total_uploads),
             total_bytes,
             state: Mutex::new(Held::default()),
             freed: Notify::new(),
