@@ -81,7 +81,7 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
     State {
         map: rec.map,
         open: OpenSegment {
-            // No buffer until the first write (`OpenSegment::reserve`).
+            // No buffer until the first write (`OpenSegment::before_entry`).
             reserve_bytes: segment_bytes as usize,
             ..OpenSegment::new(rec.next_seq, Vec::new(), journal_id)
         },

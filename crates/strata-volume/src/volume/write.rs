@@ -120,27 +120,27 @@ impl Volume {
         // Back-pressure is counted only when a writer waits: the clock is
         // read at the first wait, never on the common path.
         let mut waiting: Option<(WaitFor, Instant)> = None;
-        let host = self.state.lock().host.clone();
         let jseq = loop {
             let notified = self.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            // Other volumes' uploads may make room in the server's budget.
-            let freed = host.freed();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            match self.try_log_op(kind, offset, len, data)? {
+            let reason = match self.try_log_op(kind, offset, len, data)? {
                 Ok(jseq) => break jseq,
-                Err(reason) => {
-                    waiting.get_or_insert_with(|| (reason, Instant::now()));
-                    if reason == WaitFor::HostBuffer {
-                        tokio::select! {
-                            () = &mut notified => {}
-                            () = &mut freed => {}
-                        }
-                        continue;
-                    }
+                Err(reason) => reason,
+            };
+            waiting.get_or_insert_with(|| (reason, Instant::now()));
+            if reason == WaitFor::HostBuffer {
+                // Other volumes' uploads may make room in the server's
+                // budget too. Armed only now (the server-wide notifier is
+                // not touched by writes that fit): a release missed in
+                // between is made good by this volume's own upload, which
+                // the refusal started (`try_log_op` sealed its segment).
+                let freed = self.host_writes.freed();
+                tokio::select! {
+                    () = &mut notified => {}
+                    () = freed => {}
                 }
+                continue;
             }
             notified.await;
         };

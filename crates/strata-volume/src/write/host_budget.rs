@@ -60,7 +60,7 @@ impl HostWriteBudget {
     }
 
     /// An empty segment buffer: a recycled one if there is one, else none
-    /// until the segment's first write (`OpenSegment::reserve`).
+    /// until the segment's first write (`OpenSegment::before_entry`).
     pub fn take_buffer(&self) -> Vec<u8> {
         self.pool.lock().pop().unwrap_or_default()
     }

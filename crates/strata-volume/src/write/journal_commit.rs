@@ -84,6 +84,9 @@ struct Batch {
     last_jseq: u64,
     /// Logical position after its last record.
     end_lpos: u64,
+    /// The journal's tail when the batch was taken (nothing before it is
+    /// needed; nothing at or past `tail + ring` may be overwritten).
+    tail_lpos: u64,
 }
 
 pub(crate) fn fail(shared: &Shared, e: &io::Error) {
@@ -106,12 +109,12 @@ pub(crate) fn write_pending(file: &File, shared: &Shared, ring: u64) -> io::Resu
             runs: std::mem::take(&mut st.runs),
             last_jseq: st.next_jseq - 1,
             end_lpos: st.head_lpos,
+            tail_lpos: st.tail_lpos,
         }
     };
     let start_lpos = batch.end_lpos - batch.buf.len() as u64;
-    let tail_lpos = shared.state.lock().tail_lpos;
     let mut disk = shared.disk.lock();
-    disk.zero_ahead(file, ring, (start_lpos, batch.end_lpos), tail_lpos)?;
+    disk.zero_ahead(file, ring, (start_lpos, batch.end_lpos), batch.tail_lpos)?;
     write_batch(file, &batch, ring)?;
     disk.after_write(file, ring, batch.end_lpos)?;
     drop(disk);

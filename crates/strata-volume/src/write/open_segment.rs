@@ -48,14 +48,14 @@ impl OpenSegment {
         }
     }
 
-    /// Gives an empty segment's buffer capacity before data lands in it,
-    /// and starts its age (`segment_max_age_ms` counts from its first
-    /// entry, not from when it was opened).
-    fn reserve(&mut self, len: usize) {
+    /// Before an entry is added: an empty segment's age starts now
+    /// (`segment_max_age_ms` counts from its first entry, not from when it
+    /// was opened), and its buffer gets capacity before `len` bytes land.
+    fn before_entry(&mut self, len: usize) {
         if self.entries.is_empty() {
             self.opened_at = std::time::Instant::now();
         }
-        if self.data.capacity() == 0 {
+        if len > 0 && self.data.capacity() == 0 {
             self.data.reserve_exact(self.reserve_bytes.max(len));
         }
     }
@@ -77,12 +77,10 @@ impl OpenSegment {
         end_lpos: u64,
     ) -> u64 {
         let data_offset = self.data.len() as u64;
+        self.before_entry(data.len());
         if kind == EntryKind::Write {
             debug_assert_eq!(data.len() as u64, len);
-            self.reserve(data.len());
             self.data.extend_from_slice(data);
-        } else if self.entries.is_empty() {
-            self.opened_at = std::time::Instant::now();
         }
         self.entries.push(Entry {
             kind,
@@ -105,7 +103,7 @@ impl OpenSegment {
     /// the data offset of the bytes.
     pub fn push_copy(&mut self, offset: u64, data: &[u8], cost_bytes: u64) -> u64 {
         let data_offset = self.data.len() as u64;
-        self.reserve(data.len());
+        self.before_entry(data.len());
         self.data.extend_from_slice(data);
         self.entries.push(Entry {
             kind: EntryKind::Write,
