@@ -58,8 +58,13 @@ pub struct VolumeConfig {
     /// limit); shared fairly (`write/host_budget.rs`).
     pub write_buffer_total_bytes: u64,
     /// Segment uploads in flight, all volumes together (0: no server-wide
-    /// limit); shared fairly (`write/host_uploads.rs`).
+    /// limit); shared fairly (`fair_slots.rs`).
     pub max_parallel_uploads_total: usize,
+    /// Data GETs in flight, all volumes together (0: no server-wide limit);
+    /// shared fairly (`fair_slots.rs`). The store's own request limit
+    /// (`--max-store-requests`), so one volume's GETs never fill the
+    /// store's queue ahead of another's.
+    pub max_gets_total: usize,
     /// Size of each volume's journal ring.
     pub journal_bytes: u64,
     /// RAM cache of segment data, shared by all volumes of a server.
@@ -221,6 +226,7 @@ impl VolumeConfig {
             write_buffer_bytes: 128 * MIB,
             write_buffer_total_bytes: DEFAULT_WRITE_BUFFER_TOTAL_BYTES,
             max_parallel_uploads_total: DEFAULT_PARALLEL_UPLOADS_TOTAL,
+            max_gets_total: strata_store::DEFAULT_MAX_IN_FLIGHT_REQUESTS,
             journal_bytes: 256 * MIB,
             cache_bytes: 256 * MIB,
             disk_cache_bytes: 0,

@@ -25,7 +25,7 @@
 //! objects/       typed reads of a volume's objects; store error mapping
 //! map/           the extent map
 //! format/        byte layouts: encode, decode, verify; no I/O (fuzzed)
-//! config.rs error.rs clock.rs backoff.rs   leaves
+//! config.rs error.rs clock.rs backoff.rs fair_slots.rs   leaves
 //! ```
 
 mod at_rest;
@@ -35,6 +35,7 @@ mod config;
 mod crash_point;
 mod engine;
 mod error;
+mod fair_slots;
 pub mod format;
 mod fsck;
 mod gc;

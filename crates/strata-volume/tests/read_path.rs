@@ -936,3 +936,68 @@ async fn reads_racing_uploads_never_get_data_written_here() {
     assert_eq!(probe.counts().data_gets, 0, "{reads} reads; {s:?}");
     engine.close_all().await.unwrap();
 }
+
+/// Waits until the store holds `n` data GETs (the gate keeps them there).
+async fn until_data_in_flight(probe: &Probe, n: u64) {
+    for _ in 0..1000 {
+        if probe.data_in_flight.load(Ordering::SeqCst) == n {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!(
+        "data GETs in flight stayed at {}, expected {n}",
+        probe.data_in_flight.load(Ordering::SeqCst)
+    );
+}
+
+/// The server's GETs are shared fairly (`fair_slots.rs`): a volume with
+/// many read misses takes the whole total while alone, and another
+/// volume's one read miss still goes to the store at once rather than
+/// queueing behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_with_many_read_misses_does_not_queue_another_volumes_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, probe) = counting_store();
+    {
+        let engine = Engine::new(store.clone(), no_readahead(dir.path())).unwrap();
+        for name in ["busy", "quiet"] {
+            engine.create_volume(name, VOLUME_BYTES).await.unwrap();
+            let vol = engine.open_volume(name).await.unwrap();
+            fill(&vol, 0, 4 * MIB).await;
+        }
+        engine.close_all().await.unwrap();
+    }
+    let mut c = no_readahead(dir.path());
+    c.max_gets_total = 4;
+    let engine = Engine::new(store, c).unwrap();
+    let busy = engine.open_volume("busy").await.unwrap();
+    let quiet = engine.open_volume("quiet").await.unwrap();
+    // Indexes first (not data GETs; they are not held by the gate).
+    read_expect(&busy, 0, 4 * KIB).await;
+    read_expect(&quiet, 0, 4 * KIB).await;
+    let gate = probe.close_gate();
+    // 8 misses 512 KiB apart: 4 reach the store (the total), 4 wait.
+    let mut reads = Vec::new();
+    for k in 1..=8u64 {
+        let vol = busy.clone();
+        reads.push(tokio::spawn(async move {
+            read_expect(&vol, k * 512 * KIB - 8 * KIB, 4 * KIB).await
+        }));
+    }
+    until_data_in_flight(&probe, 4).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(probe.data_in_flight.load(Ordering::SeqCst), 4, "the total");
+    // The quiet volume is under its share (2 of 4): its GET goes out.
+    let vol = quiet.clone();
+    reads.push(tokio::spawn(async move {
+        read_expect(&vol, 3 * MIB, 4 * KIB).await
+    }));
+    until_data_in_flight(&probe, 5).await;
+    gate.add_permits(1000);
+    for r in reads {
+        r.await.unwrap();
+    }
+    assert_eq!(probe.max_data_in_flight.load(Ordering::SeqCst), 5);
+    engine.close_all().await.unwrap();
+}

@@ -304,6 +304,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
         config.max_parallel_uploads_total = b.parallel_uploads_total;
+        config.max_gets_total = cli.max_store_requests;
         let remote = !store.is_local();
         let auto_disk_cache = strata_volume::auto_disk_cache_bytes(&config.data_dir);
         config.disk_cache_bytes = auto_size(

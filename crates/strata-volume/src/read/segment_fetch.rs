@@ -94,12 +94,16 @@ impl VolumeReader {
             FetchKind::Read if caches.hedge_reads => caches.hedge.delay_for(want),
             _ => None,
         };
+        // A volume over its share of the server's GETs waits here, not in
+        // the store's queue ahead of another volume's read (`fair_slots.rs`).
+        let slot = caches.gets_in_flight.acquire(&self.gets_in_flight).await;
         let started = std::time::Instant::now();
         let send = || {
             let (path, range) = (&path, range.clone());
             async move { self.store.get_range(path, range).await }
         };
         let (answer, race) = hedged(send, delay).await;
+        drop(slot);
         if kind == FetchKind::Read && want <= MAX_HEDGED_BYTES {
             caches.hedge.record(started.elapsed());
         }

@@ -110,6 +110,9 @@ pub struct SharedCaches {
     /// Hedged reads: on, and when (`hedge.rs`).
     pub(crate) hedge_reads: bool,
     pub(crate) hedge: HedgePolicy,
+    /// Data GETs in flight, shared fairly by the volumes reading
+    /// (`fair_slots.rs`).
+    pub(crate) gets_in_flight: crate::fair_slots::FairSlots,
 }
 
 impl SharedCaches {
@@ -138,6 +141,7 @@ impl SharedCaches {
             hydration_rate: RateLimit::new(config.hydrate.rate_bytes_per_sec),
             hedge_reads: config.hedge_reads,
             hedge: HedgePolicy::default(),
+            gets_in_flight: crate::fair_slots::FairSlots::new(config.max_gets_total),
         })
     }
 
@@ -207,6 +211,7 @@ impl SharedCaches {
                     data_key,
                     hydrating: AtomicU64::new(0),
                     disk_read_ahead: Mutex::new((u64::MAX, 0)),
+                    gets_in_flight: std::sync::atomic::AtomicUsize::new(0),
                 })
             })
             .clone()

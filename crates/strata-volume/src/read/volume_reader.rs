@@ -56,6 +56,9 @@ pub(crate) struct VolumeReader {
     /// The disk cache's read-ahead: the segment and the block up to which
     /// the kernel was asked to read (`disk_fill.rs`).
     pub disk_read_ahead: Mutex<(u64, u64)>,
+    /// This volume's data GETs in flight (its part of the server's fair
+    /// share, `SharedCaches::gets_in_flight`).
+    pub gets_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 impl VolumeReader {

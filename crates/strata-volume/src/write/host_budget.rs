@@ -28,7 +28,7 @@ pub(crate) struct HostWriteBudget {
     /// at most `POOL_BUFFERS`.
     pool: Mutex<Vec<Vec<u8>>>,
     /// Segment uploads in flight, all volumes together.
-    pub uploads: super::host_uploads::HostUploads,
+    pub uploads: crate::fair_slots::FairSlots,
 }
 
 /// Segment buffers kept for reuse, server-wide: enough for the segments a
@@ -51,7 +51,7 @@ impl HostWriteBudget {
     /// (0: no server-wide limit).
     pub fn with_uploads(total_bytes: u64, total_uploads: usize) -> HostWriteBudget {
         HostWriteBudget {
-            uploads: super::host_uploads::HostUploads::new(total_uploads),
+            uploads: crate::fair_slots::FairSlots::new(total_uploads),
             total_bytes,
             state: Mutex::new(Held::default()),
             freed: Notify::new(),

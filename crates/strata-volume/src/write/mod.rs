@@ -15,7 +15,6 @@
 //! and does not sequence the steps itself: `volume/` does.
 
 pub(crate) mod host_budget;
-pub(crate) mod host_uploads;
 pub(crate) mod journal;
 mod journal_commit;
 mod journal_disk;

@@ -1,13 +1,17 @@
-//! The server's segment uploads in flight, shared by its volumes
-//! (`--parallel-uploads-total`), next to each volume's own cap
-//! (`--parallel-uploads`).
+//! Store requests in flight, a budget of the server shared fairly by its
+//! volumes: segment uploads (`--parallel-uploads-total`, next to each
+//! volume's own cap `--parallel-uploads`) and data GETs (the store's
+//! `--max-store-requests`).
 //!
-//! Fairness as for the write budget (`host_budget.rs`): a volume may
+//! Fairness as for the write budget (`write/host_budget.rs`): a volume may
 //! always have its share in flight (the total divided by the volumes
-//! uploading, itself included, at least one), and more while the total
+//! using slots, itself included, at least one), and more while the total
 //! has room; one at or above its share waits when the total is reached,
-//! never one below it. Only the PUT is counted: what an upload does after
-//! (handing data to the disk cache) holds the volume's own slot only.
+//! never one below it. So a volume being hydrated, or read ahead in 8 MiB
+//! windows, cannot keep another volume's one read miss queued behind its
+//! GETs, nor one busy writer the others' PUTs. What a slot covers is the
+//! caller's: uploads count the PUT only (handing data to the disk cache
+//! after holds the volume's own slot only), reads the GET (with its hedge).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -15,7 +19,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 #[derive(Debug)]
-pub(crate) struct HostUploads {
+pub(crate) struct FairSlots {
     /// 0: no server-wide limit.
     total: usize,
     state: Mutex<InFlight>,
@@ -24,35 +28,35 @@ pub(crate) struct HostUploads {
 
 #[derive(Debug, Default)]
 struct InFlight {
-    uploads: usize,
-    /// Volumes with an upload in flight.
+    slots: usize,
+    /// Volumes holding a slot.
     volumes: usize,
 }
 
-/// One upload's place in flight; given back on drop.
-pub(crate) struct UploadSlot<'a> {
-    host: &'a HostUploads,
+/// One request's place in flight; given back on drop.
+pub(crate) struct FairSlot<'a> {
+    host: &'a FairSlots,
     mine: &'a AtomicUsize,
 }
 
-impl HostUploads {
-    pub fn new(total: usize) -> HostUploads {
-        HostUploads {
+impl FairSlots {
+    pub fn new(total: usize) -> FairSlots {
+        FairSlots {
             total,
             state: Mutex::new(InFlight::default()),
             freed: Notify::new(),
         }
     }
 
-    /// Waits for a place for one more upload of a volume that has `mine`
+    /// Waits for a place for one more request of a volume that has `mine`
     /// in flight (its counter, kept here).
-    pub async fn acquire<'a>(&'a self, mine: &'a AtomicUsize) -> UploadSlot<'a> {
+    pub async fn acquire<'a>(&'a self, mine: &'a AtomicUsize) -> FairSlot<'a> {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
             if self.try_take(mine) {
-                return UploadSlot { host: self, mine };
+                return FairSlot { host: self, mine };
             }
             freed.await;
         }
@@ -63,10 +67,10 @@ impl HostUploads {
         let held = mine.load(Ordering::Acquire);
         let volumes = s.volumes + usize::from(held == 0);
         let share = (self.total / volumes.max(1)).max(1);
-        if self.total != 0 && held >= share && s.uploads >= self.total {
+        if self.total != 0 && held >= share && s.slots >= self.total {
             return false;
         }
-        s.uploads += 1;
+        s.slots += 1;
         if held == 0 {
             s.volumes += 1;
         }
@@ -75,11 +79,11 @@ impl HostUploads {
     }
 }
 
-impl Drop for UploadSlot<'_> {
+impl Drop for FairSlot<'_> {
     fn drop(&mut self) {
         {
             let mut s = self.host.state.lock();
-            s.uploads -= 1;
+            s.slots -= 1;
             let left = self.mine.load(Ordering::Acquire) - 1;
             self.mine.store(left, Ordering::Release);
             if left == 0 {
@@ -96,7 +100,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_volume_under_its_share_gets_a_place_when_the_total_is_taken() {
-        let host = HostUploads::new(4);
+        let host = FairSlots::new(4);
         let (a, b) = (AtomicUsize::new(0), AtomicUsize::new(0));
         // Alone, a volume takes all 4.
         let mut of_a = Vec::new();
@@ -118,10 +122,10 @@ mod tests {
         );
         drop((b1, b2, b3, of_a));
         let s = host.state.lock();
-        assert_eq!((s.uploads, s.volumes), (0, 0));
+        assert_eq!((s.slots, s.volumes), (0, 0));
         drop(s);
         // Unlimited: always.
-        let free = HostUploads::new(0);
+        let free = FairSlots::new(0);
         let c = AtomicUsize::new(0);
         assert!((0..100).all(|_| free.try_take(&c)));
     }
