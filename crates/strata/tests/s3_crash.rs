@@ -211,3 +211,45 @@ fn s3_local_durability_loses_unuploaded_writes_with_the_host() {
     server.stop();
     eprintln!("s3 host loss (local): {:.1?}", t.elapsed());
 }
+
+/// A volume moved to another host keeps what that host FLUSHed even if it
+/// crashes before its first upload: the new journal there starts right
+/// after the store's last write, and recovery must replay it, not take it
+/// for an older journal of the volume and start an empty one.
+#[test]
+fn s3_flushed_writes_survive_kill_9_before_the_first_upload_after_a_move() {
+    let _serial = serial();
+    require_tools(&["qemu-io"]);
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared_minio("moved-crash");
+    let target = Target::strata_s3(&store, &["--volume", "vol", "--segment-age-ms", "600000"]);
+    let mut server = Server::start(tmp.path(), target, &[("vol", 64 * MIB)]);
+    let uri = server.vol_uri();
+    let out = qemu_io(&uri, &["write -P 0x11 0 1M".into(), "flush".into()]);
+    assert!(out.status.success(), "{}", stderr_str(&out));
+    // A clean stop uploads it all; another host (empty data dir) takes over.
+    server.restart_on_new_host();
+    let uri = server.vol_uri();
+    for round in 0..2u64 {
+        let p = 0x22 + round as u8;
+        let off = (1 + round) * MIB;
+        let out = qemu_io(
+            &uri,
+            &[format!("write -P 0x{p:02x} {off} 1M"), "flush".into()],
+        );
+        assert!(out.status.success(), "{}", stderr_str(&out));
+        // Crashed before any segment of the new host's journal is stored.
+        server.kill9();
+        server.start_again();
+    }
+    qemu_io_verify(
+        &uri,
+        &[
+            "read -P 0x11 0 1M".into(),
+            "read -P 0x22 1M 1M".into(),
+            "read -P 0x23 2M 1M".into(),
+        ],
+        "after kill -9 on the new host",
+    );
+    server.stop();
+}

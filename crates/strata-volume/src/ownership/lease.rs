@@ -59,6 +59,8 @@ pub(crate) fn check_free(
 pub(crate) struct HeldLease {
     pub lease: Lease,
     pub version: UpdateVersion,
+    /// Who held the lease this one replaced (None: there was none).
+    pub previous_holder: Option<String>,
 }
 
 fn is_conflict(e: &object_store::Error) -> bool {
@@ -97,17 +99,28 @@ pub(crate) async fn acquire(
             ..lease.clone()
         };
         let expected = current.as_ref().map(|c| &c.1);
+        let previous_holder = current.as_ref().map(|c| c.0.holder.clone());
         match store
             .put_if(&path, PutPayload::from(lease.encode()), expected)
             .await
         {
-            Ok(version) => return Ok(HeldLease { lease, version }),
+            Ok(version) => {
+                return Ok(HeldLease {
+                    lease,
+                    version,
+                    previous_holder,
+                })
+            }
             Err(e) if is_conflict(&e) => {
                 // Someone raced us, or a retry of our own write found it
                 // already done: the token tells.
                 if let Some((l, version)) = read_lease(store, names).await? {
                     if l.token == lease.token {
-                        return Ok(HeldLease { lease: l, version });
+                        return Ok(HeldLease {
+                            lease: l,
+                            version,
+                            previous_holder,
+                        });
                     }
                 }
             }
@@ -143,11 +156,17 @@ pub(crate) async fn renew(
         .put_if(&path, PutPayload::from(lease.encode()), Some(&held.version))
         .await;
     match put {
-        Ok(version) => Ok(HeldLease { lease, version }),
+        Ok(version) => Ok(HeldLease {
+            lease,
+            version,
+            previous_holder: held.previous_holder.clone(),
+        }),
         Err(e) if is_conflict(&e) => match read_lease(store, names).await {
-            Ok(Some((l, version))) if l.token == held.lease.token => {
-                Ok(HeldLease { lease: l, version })
-            }
+            Ok(Some((l, version))) if l.token == held.lease.token => Ok(HeldLease {
+                lease: l,
+                version,
+                previous_holder: held.previous_holder.clone(),
+            }),
             Ok(Some((l, _))) => Err(RenewError::Fenced(format!(
                 "taken over by {} (pid {}, epoch {})",
                 l.holder, l.pid, l.epoch

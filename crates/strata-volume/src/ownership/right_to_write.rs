@@ -29,6 +29,10 @@ pub(crate) enum WriteRefused {
 pub(crate) struct Ownership {
     pub holder: String,
     pub epoch: u64,
+    /// The lease this open replaced was this holder's own: no other server
+    /// opened the volume since this one last did (recovery may then trust
+    /// a journal of ours that the store has no segment of yet).
+    pub last_opened_here: bool,
     pub ttl_ms: u64,
     local_lock: parking_lot::Mutex<Option<LocalLock>>,
     held: tokio::sync::Mutex<HeldLease>,
@@ -51,6 +55,7 @@ impl Ownership {
     pub(crate) fn new(holder: String, lock: LocalLock, held: HeldLease, sent_at: Instant) -> Self {
         let ttl_ms = held.lease.ttl_ms;
         let own = Ownership {
+            last_opened_here: held.previous_holder.as_deref() == Some(holder.as_str()),
             holder,
             epoch: held.lease.epoch,
             ttl_ms,

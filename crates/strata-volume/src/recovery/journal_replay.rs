@@ -15,6 +15,7 @@ pub(crate) fn choose_journal(
     config: &VolumeConfig,
     uuid: [u8; 16],
     span: Option<JournalSpan>,
+    last_opened_here: bool,
 ) -> Result<(Superblock, Position), VolumeError> {
     let existing = match journal_file::read_superblock(path) {
         Ok(sb) => sb,
@@ -31,6 +32,21 @@ pub(crate) fn choose_journal(
                     Position {
                         lpos: s.end_lpos,
                         jseq: s.last_jseq + 1,
+                    },
+                ));
+            }
+            // A journal begun here right after the store's last write, of
+            // which nothing is stored yet (a volume moved here, written,
+            // crashed before its first upload), while no other server
+            // opened the volume since: its records are the volume's next
+            // writes. Without this, FLUSHed writes of a moved volume were
+            // dropped by a crash in its first seconds here.
+            Some(s) if last_opened_here && sb.start_jseq == s.last_jseq + 1 => {
+                return Ok((
+                    sb,
+                    Position {
+                        lpos: 0,
+                        jseq: sb.start_jseq,
                     },
                 ));
             }

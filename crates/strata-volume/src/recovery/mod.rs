@@ -51,6 +51,9 @@ pub(crate) struct RecoveredVolume {
 }
 
 /// Recovers volume `name` (instance `uuid`), which this server owns now.
+/// `last_opened_here`: no other server opened it since this one last did
+/// (`choose_journal`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn recover(
     store: &Store,
     config: &VolumeConfig,
@@ -59,11 +62,12 @@ pub(crate) async fn recover(
     uuid: [u8; 16],
     base_map: Option<(ExtentMap, u64)>,
     data_key: Option<&Key>,
+    last_opened_here: bool,
 ) -> Result<RecoveredVolume, VolumeError> {
     let names = ObjectNames::new(name);
     let rec = recover_from_store(store, &names, manifest, uuid, base_map, data_key).await?;
     let jpath = config.journal_path(name, &uuid);
-    let (sb, start) = choose_journal(&jpath, config, uuid, rec.span)?;
+    let (sb, start) = choose_journal(&jpath, config, uuid, rec.span, last_opened_here)?;
     let mut state = initial_state(rec, sb.journal_id, config.segment_bytes);
     let (head, replayed_records) =
         replay_journal(&jpath, sb, start, &mut state, config, manifest.size_bytes)?;

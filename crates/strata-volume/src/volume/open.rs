@@ -51,6 +51,7 @@ impl Volume {
             uuid,
             inherited.base_map,
             data_key.as_deref(),
+            ownership.last_opened_here,
         )
         .await?;
         let lineage = inherited.lineage;
