@@ -24,6 +24,7 @@
 mod conditional_write_probe;
 mod counting_http_connector;
 mod credential_source;
+mod durable_local_store;
 mod env;
 mod error_text;
 mod explaining_object_store;

@@ -226,6 +226,7 @@ impl Store {
             )
         })?;
         let place = StorePlace::Local { root: dir.clone() };
+        let fs = crate::durable_local_store::DurableLocalStore::new(Arc::new(fs), dir.clone());
         let fs: Arc<dyn ObjectStore> = Arc::new(ExplainingObjectStore::new(fs, place));
         let mut store = Store::from_object_store(fs, format!("file://{}", dir.display()), layers);
         store.local_reader = Some(Arc::new(LocalReader::new(dir)));
@@ -278,7 +279,10 @@ impl Store {
         self.local_reader.as_ref().map(|r| r.open(location))
     }
 
-    /// Writes an object.
+    /// Writes an object. Acknowledged means durable, on every store: S3
+    /// acknowledges durable writes, and the embedded store syncs the bytes
+    /// before the name and the name before it answers
+    /// (`durable_local_store.rs`).
     pub async fn put_opts(
         &self,
         location: &Path,
@@ -395,11 +399,14 @@ impl Store {
         self.inner.delete(location).await
     }
 
-    /// Makes an object just written survive power loss. The local
-    /// filesystem store of `object_store` renames a staging file into place
+    /// Makes an object survive power loss. The local filesystem store of
+    /// `object_store` renames (or hard-links) a staging file into place
     /// without `fsync`; strata releases journal space once an object is
-    /// stored, so for the embedded store it syncs the file and its directory.
-    /// Remote stores acknowledge durable writes; nothing to do there.
+    /// stored, so for the embedded store it syncs the file and its directory
+    /// ([`Store::put_opts`] writes durably itself; recovery and retries that
+    /// find an object already there, perhaps left by a process killed
+    /// before it synced, call this for it). Remote stores acknowledge
+    /// durable writes; nothing to do there.
     pub async fn make_durable(&self, location: &Path) -> std::io::Result<()> {
         let Some(reader) = &self.local_reader else {
             return Ok(());

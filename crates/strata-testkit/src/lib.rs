@@ -9,6 +9,9 @@
 //! latency between a client and such a server (and the
 //! `strata-latency-proxy` binary does for the benchmarks), so a store that
 //! answers in 0 ms can be measured as one that answers in 20.
+//! [`lossy_fs`] is a FUSE file system that loses what was not synced, for
+//! power-loss tests, and [`powerloss`] the loop that runs `strata serve` on
+//! it through power cuts (the `strata-powerloss` binary runs it for soaks).
 //!
 //! Harness failures panic with a message meant for the person reading the
 //! test output (MinIO's log tail, the curl error, the install command): a
@@ -21,8 +24,10 @@
 mod cluster;
 mod keeper;
 mod latency_proxy;
+pub mod lossy_fs;
 mod node;
 mod pki;
+pub mod powerloss;
 mod s3;
 mod server;
 

@@ -214,7 +214,8 @@ impl Engine {
         };
         let payload = PutPayload::from(Bytes::from(manifest.encode()));
         match self.store.put_opts(&path, payload, opts).await {
-            Ok(_) => {}
+            // Durable once acknowledged (`Store::put_opts`).
+            Ok(_) => return Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) => {
                 // Ours, if a retry followed a write whose reply was lost.
                 let existing = read_manifest(&self.store, name).await?;
@@ -224,6 +225,7 @@ impl Engine {
             }
             Err(e) => return Err(store_error(&self.store, "create", &path)(e)),
         }
+        // An earlier attempt may have stopped before its sync.
         self.store
             .make_durable(&path)
             .await

@@ -72,11 +72,18 @@ fn read_id(path: &Path) -> Option<String> {
 /// concurrently, and on a fresh data directory each open comes here. The
 /// first to link its own temporary file in place wins; the others read
 /// the winner's id (two ids would make a restarted server see its own
-/// leases as another host's). A damaged id file is replaced.
+/// leases as another host's). A damaged id file is replaced. Synced, file
+/// and directory, before it is used: an id lost to a power cut would make
+/// this server's own leases look foreign after a reboot, and its volumes
+/// refuse to open until their leases expire.
 fn create_id(data_dir: &Path, id_path: &Path) -> std::io::Result<String> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let tmp = data_dir.join(format!("instance-id.{id}.tmp"));
-    std::fs::write(&tmp, &id)?;
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, id.as_bytes())?;
+        f.sync_all()?;
+    }
     let linked = std::fs::hard_link(&tmp, id_path);
     let outcome = match linked {
         Ok(()) => Ok(id),
@@ -89,6 +96,7 @@ fn create_id(data_dir: &Path, id_path: &Path) -> std::io::Result<String> {
         Err(_) => std::fs::rename(&tmp, id_path).map(|()| id),
     };
     let _ = std::fs::remove_file(&tmp);
+    std::fs::File::open(data_dir)?.sync_all()?;
     outcome
 }
 

@@ -69,9 +69,6 @@ impl ManifestWriter {
                     self.snapshots.store(snapshots, Ordering::Relaxed);
                     let previous = std::mem::replace(manifest, next);
                     *version = v;
-                    if let Err(e) = store.make_durable(&path).await {
-                        tracing::warn!(volume = %self.volume, error = %strata_store::ErrorText(&e), "manifest sync failed");
-                    }
                     return Ok(Some(previous));
                 }
                 Err(object_store::Error::Precondition { .. }) => {

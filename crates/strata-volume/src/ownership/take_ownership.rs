@@ -26,13 +26,7 @@ pub(crate) async fn take_ownership<T>(
     // cannot open (say, without its key) is left as it was.
     let checked = check(&manifest)?;
     let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
-    std::fs::create_dir_all(config.journal_dir()).map_err(|source| VolumeError::Io {
-        what: format!(
-            "create journal directory {}",
-            config.journal_dir().display()
-        ),
-        source,
-    })?;
+    create_journal_dir(config)?;
     let lock = lock_locally(&config.lock_path(name, &uuid), name)?;
     let holder = holder_id(&config.data_dir)?;
     let names = ObjectNames::new(name);
@@ -67,4 +61,25 @@ pub(crate) async fn take_ownership<T>(
     }
     let ownership = Ownership::new(holder, lock, held, sent_at);
     Ok((ownership, manifest, version, checked))
+}
+
+/// `<data-dir>/journals`, made durable in its parent when it is new: a
+/// journal's FLUSHed records are only as durable as the names that lead to
+/// it (the journal's own directory is synced when it is created).
+fn create_journal_dir(config: &VolumeConfig) -> Result<(), VolumeError> {
+    let dir = config.journal_dir();
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let io = |what: &str, p: &std::path::Path| {
+        let what = format!("{what} {}", p.display());
+        move |source| VolumeError::Io { what, source }
+    };
+    std::fs::create_dir_all(&dir).map_err(io("create journal directory", &dir))?;
+    if let Some(parent) = dir.parent() {
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io("sync directory", parent))?;
+    }
+    Ok(())
 }

@@ -3,7 +3,7 @@
 //! open segment, sealing as it fills.
 
 use crate::config::VolumeConfig;
-use crate::error::VolumeError;
+use crate::error::{JournalError, VolumeError};
 use crate::format::journal::{record_bytes, Superblock};
 use crate::format::segment::JournalSpan;
 use crate::write::journal_file::{self, Position};
@@ -19,9 +19,18 @@ pub(crate) fn choose_journal(
 ) -> Result<(Superblock, Position), VolumeError> {
     let existing = match journal_file::read_superblock(path) {
         Ok(sb) => sb,
-        Err(e) => {
+        // Its content is not a journal of this format: nothing to replay.
+        Err(e @ JournalError::Invalid { .. }) => {
             tracing::warn!(journal = %path.display(), error = %strata_store::ErrorText(&e), "unreadable journal; starting a new one");
             None
+        }
+        // The file could not be read (permissions, too many open files, an
+        // I/O error): it may hold acknowledged writes, so the volume does
+        // not open rather than replace it.
+        Err(e) => {
+            return Err(VolumeError::Invalid(format!(
+                "{e}; the journal may hold acknowledged writes, so the volume was not opened: fix the cause and open it again"
+            )))
         }
     };
     if let Some(sb) = existing.filter(|sb| sb.volume_uuid == uuid) {
@@ -120,4 +129,32 @@ pub(crate) fn replay_journal(
         }
     }
     Ok((scanner.position(), n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A journal that cannot be read is never replaced: it may hold
+    /// acknowledged writes. One whose content is no journal is.
+    #[test]
+    fn an_unreadable_journal_stops_the_open_and_a_foreign_file_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = VolumeConfig::new(dir.path().to_path_buf());
+        let uuid = [7u8; 16];
+        // A directory where the journal should be: open works, read fails.
+        let path = dir.path().join("v.journal");
+        std::fs::create_dir(&path).unwrap();
+        let err = choose_journal(&path, &config, uuid, None, false).unwrap_err();
+        assert!(
+            err.to_string().contains("may hold acknowledged writes"),
+            "{err}"
+        );
+        assert!(path.is_dir(), "left as it was");
+        // A short file of garbage is no journal: a new one replaces it.
+        let path = dir.path().join("w.journal");
+        std::fs::write(&path, b"not a journal").unwrap();
+        let (sb, start) = choose_journal(&path, &config, uuid, None, false).unwrap();
+        assert_eq!((sb.volume_uuid, start.lpos, start.jseq), (uuid, 0, 1));
+    }
 }

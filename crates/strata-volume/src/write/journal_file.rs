@@ -138,8 +138,18 @@ pub fn read_superblock(path: &Path) -> Result<Option<Superblock>, JournalError> 
         Err(e) => return Err(io_err(path, "open")(e)),
     };
     let mut b = vec![0u8; SUPERBLOCK_USED_BYTES];
-    file.read_exact_at(&mut b, 0)
-        .map_err(io_err(path, "read superblock"))?;
+    match file.read_exact_at(&mut b, 0) {
+        Ok(()) => {}
+        // Shorter than a superblock: not a journal (one is created whole,
+        // then renamed into place).
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(JournalError::Invalid {
+                path: path.to_path_buf(),
+                detail: "shorter than a superblock".into(),
+            })
+        }
+        Err(e) => return Err(io_err(path, "read superblock")(e)),
+    }
     let sb = Superblock::decode(&b).map_err(|detail| JournalError::Invalid {
         path: path.to_path_buf(),
         detail,

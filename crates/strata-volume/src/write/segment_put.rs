@@ -51,8 +51,14 @@ pub(crate) async fn put_segment(
                     && got[..header.len()] == header[..]
                     && got[header.len()..] == data[..]
             });
-            if same {
+            // Ours; an earlier attempt may have stopped before its sync.
+            if same && store.make_durable(path).await.is_ok() {
                 return Ok(());
+            }
+            if same {
+                return Err(WriteRefused::Fenced(format!(
+                    "segment {path} was written but could not be synced to disk (a failed sync is not retried: the page cache may have dropped the data); check the disk"
+                )));
             }
             Err(WriteRefused::TakenOver(format!(
                 "segment {path} already exists with other content: another server wrote it after taking the volume over"
@@ -79,7 +85,8 @@ pub(crate) async fn put_with_retry(
             ..PutOptions::default()
         };
         let result = match store.put_opts(path, payload(), opts).await {
-            Ok(_) => store.make_durable(path).await.map_err(|e| e.to_string()),
+            // Durable once acknowledged (`Store::put_opts`).
+            Ok(_) => Ok(()),
             Err(
                 e @ (object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }),
