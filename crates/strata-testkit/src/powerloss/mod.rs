@@ -117,9 +117,10 @@ pub fn run(cfg: &LoopConfig, progress: &mut dyn FnMut(&str)) -> Result<LoopSumma
     for cycle in 0..cfg.cycles {
         let mode = cfg.modes[(cycle as usize) % cfg.modes.len().max(1)];
         let seed = cycle_seed(cfg.seed, cycle);
-        let line = l
-            .cycle(cycle, mode, seed)
-            .map_err(|e| format!("cycle {cycle} (mode {mode}, seed {seed}): {e}"))?;
+        let line = l.cycle(cycle, mode, seed).map_err(|e| {
+            let kept = l.keep_evidence();
+            format!("cycle {cycle} (mode {mode}, seed {seed}): {e}\n{kept}")
+        })?;
         progress(&format!("cycle {cycle} mode {mode} seed {seed}: {line}"));
     }
     l.fsck().map_err(|e| format!("after the last cycle: {e}"))?;
@@ -225,7 +226,8 @@ impl<'a> Loop<'a> {
             return Err(format!("{verified}\n(work: {worked}; cut: {cut})"));
         }
         self.account(&worked, &verified);
-        self.check_snapshots()?;
+        self.check_snapshots()
+            .map_err(|e| format!("{e}\n(work: {worked}; cut: {cut})"))?;
         if self.cfg.extras {
             self.churn(cycle)?;
         }
@@ -371,6 +373,21 @@ impl<'a> Loop<'a> {
             self.client.ask(&format!("forget-snap {name}"))?;
         }
         Ok(())
+    }
+
+    /// Copies what the disk holds now (data dir and embedded store) next
+    /// to the work dir, for a person to look at after a failure.
+    fn keep_evidence(&self) -> String {
+        let to = self.cfg.work_dir.join("at-failure");
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&self.mountpoint)
+            .arg(&to)
+            .status();
+        match copied {
+            Ok(s) if s.success() => format!("the disk as it was: {}", to.display()),
+            other => format!("could not copy the disk to {}: {other:?}", to.display()),
+        }
     }
 
     fn fsck(&mut self) -> Result<(), String> {
