@@ -252,9 +252,14 @@ impl ExportProvider for VolumeExports {
                 "this server does not serve volume {volume:?} (see its --volume options)"
             )));
         }
-        let lookup_error = |e: VolumeError| match e {
-            VolumeError::Invalid(_) => not_found(e.to_string()),
-            e => io::Error::from(e),
+        // Said in the log: the client only hears "no such export", and a
+        // snapshot that exists but could not be opened must be told apart.
+        let lookup_error = |e: VolumeError| {
+            tracing::info!(export = %name, error = %e, "export not opened");
+            match e {
+                VolumeError::Invalid(_) => not_found(e.to_string()),
+                e => io::Error::from(e),
+            }
         };
         let backing = match export {
             ExportName::Volume(v) => {
