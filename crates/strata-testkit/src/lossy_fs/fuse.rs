@@ -19,7 +19,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use super::model::{Attr, DirEntry, Kind, Owner, RenameMode, SetAttr, BLOCK_SIZE_BYTES};
+use super::model::{Attr, DirEntry, Kind, Model, Owner, RenameMode, SetAttr, BLOCK_SIZE_BYTES};
 use super::namespace::Entry;
 use super::shared::Shared;
 
@@ -92,6 +92,14 @@ fn time(t: TimeOrNow) -> SystemTime {
     }
 }
 
+/// Counts an entry about to be given to the kernel (see `forget`).
+fn remembered(model: &mut Model, attr: io::Result<Attr>) -> io::Result<Attr> {
+    if let Ok(a) = &attr {
+        model.remember_lookup(a.ino);
+    }
+    attr
+}
+
 fn entry(reply: ReplyEntry, attr: io::Result<Attr>) {
     match attr {
         Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
@@ -128,7 +136,13 @@ fn statvfs(path: &std::path::Path) -> io::Result<libc::statvfs> {
 
 impl Filesystem for FuseFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.shared.model.lock().lookup(parent.0, name));
+        let mut model = self.shared.model.lock();
+        let found = model.lookup(parent.0, name);
+        entry(reply, remembered(&mut model, found));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.shared.model.lock().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -188,10 +202,9 @@ impl Filesystem for FuseFs {
             _ => return reply.error(Errno::EPERM),
         };
         let owner = owner(req, mode, umask);
-        entry(
-            reply,
-            self.shared.model.lock().create(parent.0, name, kind, owner),
-        );
+        let mut model = self.shared.model.lock();
+        let created = model.create(parent.0, name, kind, owner);
+        entry(reply, remembered(&mut model, created));
     }
 
     fn mkdir(
@@ -204,13 +217,9 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let owner = owner(req, mode, umask);
-        entry(
-            reply,
-            self.shared
-                .model
-                .lock()
-                .create(parent.0, name, Kind::Dir, owner),
-        );
+        let mut model = self.shared.model.lock();
+        let made = model.create(parent.0, name, Kind::Dir, owner);
+        entry(reply, remembered(&mut model, made));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -256,10 +265,9 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.shared.model.lock().link(ino.0, newparent.0, newname),
-        );
+        let mut model = self.shared.model.lock();
+        let linked = model.link(ino.0, newparent.0, newname);
+        entry(reply, remembered(&mut model, linked));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -440,6 +448,7 @@ impl Filesystem for FuseFs {
         let created = model
             .create(parent.0, name, Kind::File, owner(req, mode, umask))
             .and_then(|attr| model.open(attr.ino).map(|()| attr));
+        let created = remembered(&mut model, created);
         match created {
             Ok(attr) => reply.created(
                 &TTL,

@@ -150,6 +150,11 @@ struct Inode {
     meta: Meta,
     body: Body,
     open_count: u32,
+    /// Entries the kernel was given for it and has not forgotten: it may
+    /// still open or stat it by number (a lookup served from its dentry
+    /// cache just before a rename replaced the name), so it is kept, as a
+    /// real file system keeps an unlinked inode a process still refers to.
+    kernel_lookups: u64,
 }
 
 /// The whole file system state.
@@ -182,6 +187,7 @@ impl Model {
             meta: Meta::new(root),
             body: Body::Dir,
             open_count: 0,
+            kernel_lookups: 0,
         };
         Ok(Model {
             files_dir: files_dir.to_owned(),
@@ -320,6 +326,7 @@ impl Model {
             meta: Meta::new(owner),
             body,
             open_count: 0,
+            kernel_lookups: 0,
         };
         self.inodes.insert(ino, inode);
         self.log_ns(NsOp::Link {
@@ -616,11 +623,29 @@ impl Model {
         self.cur.contains(ino) || self.dur.contains(ino) || self.ns_refs.contains_key(&ino)
     }
 
+    /// The kernel was given an entry for `ino` (lookup, create, link).
+    pub(crate) fn remember_lookup(&mut self, ino: Ino) {
+        if let Some(inode) = self.inodes.get_mut(&ino) {
+            inode.kernel_lookups += 1;
+        }
+    }
+
+    /// The kernel forgot `n` of its entries for `ino` (FUSE FORGET).
+    pub(crate) fn forget(&mut self, ino: Ino, n: u64) {
+        if let Some(inode) = self.inodes.get_mut(&ino) {
+            inode.kernel_lookups = inode.kernel_lookups.saturating_sub(n);
+        }
+        self.collect(ino);
+    }
+
     /// Deletes `ino` if nothing can bring it back any more and it is not
-    /// open.
+    /// open or known to the kernel.
     fn collect(&mut self, ino: Ino) {
-        let open = self.inodes.get(&ino).is_some_and(|i| i.open_count > 0);
-        if open || self.can_survive(ino) {
+        let held = self
+            .inodes
+            .get(&ino)
+            .is_some_and(|i| i.open_count > 0 || i.kernel_lookups > 0);
+        if held || self.can_survive(ino) {
             return;
         }
         if let Some(Inode {
@@ -673,6 +698,7 @@ impl Model {
         for ino in inos {
             if let Some(inode) = self.inodes.get_mut(&ino) {
                 inode.open_count = 0;
+                inode.kernel_lookups = 0;
             }
             self.collect(ino);
         }
