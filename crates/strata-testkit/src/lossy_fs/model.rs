@@ -361,14 +361,7 @@ impl Model {
             .get(name)
             .copied()
             .ok_or_else(|| errno(libc::ENOENT))?;
-        match (dir, self.cur.is_dir(ino)) {
-            (true, false) => return Err(errno(libc::ENOTDIR)),
-            (false, true) => return Err(errno(libc::EISDIR)),
-            (true, true) if self.cur.entries(ino).is_some_and(|e| !e.is_empty()) => {
-                return Err(errno(libc::ENOTEMPTY))
-            }
-            _ => {}
-        }
+        self.check_replaceable(ino, dir)?;
         self.log_ns(NsOp::Unlink {
             at: Entry::new(parent, name),
             ino,
@@ -421,14 +414,7 @@ impl Model {
             if dst == src {
                 return Ok(None);
             }
-            match (src_dir, self.cur.is_dir(dst)) {
-                (true, false) => return Err(errno(libc::ENOTDIR)),
-                (false, true) => return Err(errno(libc::EISDIR)),
-                (true, true) if self.cur.entries(dst).is_some_and(|e| !e.is_empty()) => {
-                    return Err(errno(libc::ENOTEMPTY))
-                }
-                _ => {}
-            }
+            self.check_replaceable(dst, src_dir)?;
         }
         if src_dir && self.cur.is_ancestor(src, to.dir) {
             return Err(errno(libc::EINVAL));
@@ -636,6 +622,20 @@ impl Model {
             inode.kernel_lookups = inode.kernel_lookups.saturating_sub(n);
         }
         self.collect(ino);
+    }
+
+    /// Whether `ino` may be removed (or replaced) by an operation on a
+    /// directory (`dir`) or a non-directory: the errno unlink, rmdir and
+    /// rename give otherwise.
+    fn check_replaceable(&self, ino: Ino, dir: bool) -> io::Result<()> {
+        match (dir, self.cur.is_dir(ino)) {
+            (true, false) => Err(errno(libc::ENOTDIR)),
+            (false, true) => Err(errno(libc::EISDIR)),
+            (true, true) if self.cur.entries(ino).is_some_and(|e| !e.is_empty()) => {
+                Err(errno(libc::ENOTEMPTY))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Deletes `ino` if nothing can bring it back any more and it is not
