@@ -282,7 +282,12 @@ fn recovery_after_gc_deletions_and_a_crash_sees_no_gap() {
             vol.flush().await.unwrap();
             report.objects_deleted
         });
-        rt.shutdown_timeout(std::time::Duration::from_secs(5));
+        // Up to a minute: a dropped volume's journal writes what is pending and
+        // fdatasyncs it on the worker dropping it; on a busy CI disk that took
+        // over 5 s, the leftover thread still held the volume's lock, and the
+        // reopen below found it 'served by another process'. Returns at once
+        // when nothing is left running.
+        rt.shutdown_timeout(std::time::Duration::from_secs(60));
         assert!(deleted > 0, "{backend}: GC deleted nothing");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
