@@ -542,6 +542,31 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub tls: TlsArgs,
+
+    #[command(flatten)]
+    pub vhost: VhostArgs,
+}
+
+/// vhost-user-blk: VMs attach volumes through shared memory (QEMU's
+/// `vhost-user-blk-pci` with `-chardev socket,path=SOCKET,reconnect=1`
+/// and guest memory shared: `-object memory-backend-memfd,share=on`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct VhostArgs {
+    /// Also serve every served volume over vhost-user-blk, on the socket
+    /// DIR/VOLUME.sock (DIR is created). Volumes created later get no
+    /// socket until the next start.
+    #[arg(long, value_name = "DIR")]
+    pub vhost_user_dir: Option<PathBuf>,
+
+    /// Serve EXPORT (a volume, or VOLUME@SNAPSHOT read-only) over
+    /// vhost-user-blk on the socket PATH. Repeatable.
+    #[arg(long, value_name = "EXPORT=PATH")]
+    pub vhost_user_socket: Vec<String>,
+
+    /// Queues offered to each vhost-user-blk frontend (QEMU's num-queues
+    /// must not exceed it; by default QEMU asks one per vCPU).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub vhost_user_queues: u16,
 }
 
 /// NBD over TLS (the protocol's STARTTLS; clients use `nbds://` and

@@ -12,6 +12,8 @@ mod size;
 mod snapshot_cmd;
 mod socket_activation;
 mod store_cmd;
+mod vhost_serve;
+mod vhost_volume;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -58,6 +58,19 @@ struct ErrorLog {
 }
 
 impl NbdVolume {
+    /// The export's name: the volume's, or `VOLUME@SNAPSHOT`.
+    pub(crate) fn export_name(&self) -> String {
+        self.backing.name()
+    }
+
+    /// The volume's size as resizes change it (a snapshot's is fixed).
+    pub(crate) fn watch_size(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match &self.backing {
+            Backing::Volume(v) => Some(v.watch_size()),
+            Backing::Snapshot(_) => None,
+        }
+    }
+
     fn fail(
         &self,
         op: &'static str,

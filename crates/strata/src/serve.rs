@@ -42,6 +42,7 @@ async fn serve_volumes(
     args: &ServeArgs,
     inherited: Vec<InheritedListener>,
 ) -> anyhow::Result<()> {
+    let (vhost_inherited, inherited) = crate::vhost_serve::take_inherited(&args.vhost, inherited);
     let addrs = listen_addrs(engine, args, !inherited.is_empty())?;
     let config = ServerConfig {
         max_in_flight_per_connection: args.max_in_flight.max(1),
@@ -61,7 +62,7 @@ async fn serve_volumes(
     // Bound before the volumes open: clients restarting with the server
     // wait in the listen backlog, not on a refused connection.
     // Its errors name the address (or the setting) and the reason.
-    let mut server = Server::bind_and_adopt(exports, &addrs, inherited, config).await?;
+    let mut server = Server::bind_and_adopt(exports.clone(), &addrs, inherited, config).await?;
     let tls_on = tls.is_some();
     if let Some(tls) = tls {
         server = server.with_tls(tls);
@@ -79,10 +80,27 @@ async fn serve_volumes(
         }
         None => None,
     };
+    let vhost = crate::vhost_serve::start(exports, &args.vhost, &served.served, vhost_inherited)?;
     print_uris(&served, &server.local_addrs(), tls_on)?;
     let stats_task = start_stats(engine, args);
     crate::socket_activation::notify_ready();
-    let result = server.run(stop).await;
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        stop.await;
+        let _ = stopping.send(true);
+    });
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let vhost_stop = wait(stopped.clone());
+    // Both frontends stop together: each returns what it took before the
+    // volumes close.
+    let (result, ()) = tokio::join!(server.run(wait(stopped)), async move {
+        if let Some(vhost) = vhost {
+            vhost_stop.await;
+            vhost.shutdown().await;
+        }
+    });
     crate::socket_activation::notify_stopping();
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;

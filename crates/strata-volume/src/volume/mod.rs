@@ -127,6 +127,9 @@ pub struct Volume {
     pub(crate) uuid: [u8; 16],
     /// What clients may address; changed only by a resize, under the lock.
     pub(crate) size_bytes: AtomicU64,
+    /// Follows `size_bytes` for frontends that tell their guests of a
+    /// resize (vhost-user-blk's configuration change).
+    pub(crate) size_watch: tokio::sync::watch::Sender<u64>,
     pub(crate) store: Store,
     pub(crate) names: ObjectNames,
     pub(crate) config: Arc<VolumeConfig>,
@@ -197,6 +200,11 @@ impl Volume {
 
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes.load(Ordering::Acquire)
+    }
+
+    /// The volume's size, changed by each resize.
+    pub fn watch_size(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.size_watch.subscribe()
     }
 
     pub fn uuid(&self) -> [u8; 16] {

@@ -83,6 +83,7 @@ impl Volume {
             name: name.to_string(),
             uuid,
             size_bytes: AtomicU64::new(size_bytes),
+            size_watch: tokio::sync::watch::channel(size_bytes).0,
             store,
             names: ObjectNames::new(name),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(config.max_parallel_uploads)),

@@ -91,6 +91,7 @@ impl Volume {
             let _st = self.state.lock();
             self.size_bytes.store(new, Ordering::Release);
         }
+        self.size_watch.send_replace(new);
         crash_point("resize.after_manifest");
         Ok(())
     }

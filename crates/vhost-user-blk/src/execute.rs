@@ -1,0 +1,151 @@
+//! Running one parsed request against the device: data copied between
+//! guest buffers and a buffer of the request's own (the device never sees
+//! guest memory, which the guest may change under it), the status the
+//! guest gets, and the bytes it was given.
+//!
+//! Memory: a request's buffer is taken from the server's byte budget
+//! before it is allocated, so the data in flight is bounded by
+//! configuration, not by what guests queue.
+
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use virtio_bindings::virtio_blk::{VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
+use vm_memory::GuestMemory;
+
+use crate::device::{Admission, BlockDevice};
+use crate::request::{bytes_of, read_spans, write_spans, Op, Span};
+
+/// Bytes per permit of the byte budget (a semaphore counts permits).
+pub const BUDGET_UNIT_BYTES: u64 = 4096;
+
+/// What the guest gets back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: u8,
+    /// Bytes written into the guest's device-writable data buffers.
+    pub written_bytes: u32,
+    /// Why the status is not OK, for the log.
+    pub failure: Option<String>,
+}
+
+impl Outcome {
+    fn ok(written_bytes: u32) -> Outcome {
+        Outcome {
+            status: VIRTIO_BLK_S_OK as u8,
+            written_bytes,
+            failure: None,
+        }
+    }
+
+    fn ioerr(why: String) -> Outcome {
+        Outcome {
+            status: VIRTIO_BLK_S_IOERR as u8,
+            written_bytes: 0,
+            failure: Some(why),
+        }
+    }
+}
+
+/// Runs `op`. `budget` bounds the bytes of request buffers alive at once.
+pub async fn execute<D: BlockDevice, M: GuestMemory>(
+    device: &D,
+    mem: &M,
+    op: &Op,
+    budget: &Semaphore,
+) -> Outcome {
+    match op {
+        Op::Read { offset_bytes, data } => read(device, mem, *offset_bytes, data, budget).await,
+        Op::Write { offset_bytes, data } => write(device, mem, *offset_bytes, data, budget).await,
+        Op::Flush => match device.flush().await {
+            Ok(()) => Outcome::ok(0),
+            Err(e) => Outcome::ioerr(format!("flush: {e}")),
+        },
+        Op::GetId { data } => {
+            let mut id = device.id().into_bytes();
+            id.resize(VIRTIO_BLK_ID_BYTES as usize, 0);
+            let n = bytes_of(data).min(id.len() as u64) as usize;
+            match write_spans(mem, data, &id[..n]) {
+                Ok(()) => Outcome::ok(n as u32),
+                Err(e) => Outcome::ioerr(format!("get-id: {e}")),
+            }
+        }
+        Op::Discard { ranges } | Op::WriteZeroes { ranges } => {
+            let zeroes = matches!(op, Op::WriteZeroes { .. });
+            for r in ranges {
+                device.admit(Admission::Write, 0).await;
+                let done = if zeroes {
+                    device
+                        .write_zeroes(r.offset_bytes, r.length_bytes, r.unmap)
+                        .await
+                } else {
+                    device.discard(r.offset_bytes, r.length_bytes).await
+                };
+                if let Err(e) = done {
+                    let what = if zeroes { "write-zeroes" } else { "discard" };
+                    return Outcome::ioerr(format!(
+                        "{what} of {} bytes at {}: {e}",
+                        r.length_bytes, r.offset_bytes
+                    ));
+                }
+            }
+            Outcome::ok(0)
+        }
+    }
+}
+
+async fn read<D: BlockDevice, M: GuestMemory>(
+    device: &D,
+    mem: &M,
+    offset_bytes: u64,
+    data: &[Span],
+    budget: &Semaphore,
+) -> Outcome {
+    let len = bytes_of(data);
+    device.admit(Admission::Read, len).await;
+    let Ok(_permit) = budget.acquire_many(permits(len)).await else {
+        return Outcome::ioerr("the server is stopping".to_string());
+    };
+    let mut buf = vec![0u8; len as usize];
+    if let Err(e) = device.read(offset_bytes, &mut buf).await {
+        return Outcome::ioerr(format!("read of {len} bytes at {offset_bytes}: {e}"));
+    }
+    match write_spans(mem, data, &buf) {
+        Ok(()) => Outcome::ok(len as u32),
+        Err(e) => Outcome::ioerr(format!("read of {len} bytes at {offset_bytes}: {e}")),
+    }
+}
+
+async fn write<D: BlockDevice, M: GuestMemory>(
+    device: &D,
+    mem: &M,
+    offset_bytes: u64,
+    data: &[Span],
+    budget: &Semaphore,
+) -> Outcome {
+    let len = bytes_of(data);
+    device.admit(Admission::Write, len).await;
+    let Ok(_permit) = budget.acquire_many(permits(len)).await else {
+        return Outcome::ioerr("the server is stopping".to_string());
+    };
+    let mut buf = vec![0u8; len as usize];
+    if let Err(e) = read_spans(mem, data, &mut buf) {
+        return Outcome::ioerr(format!("write of {len} bytes at {offset_bytes}: {e}"));
+    }
+    match device.write(offset_bytes, &buf).await {
+        Ok(()) => Outcome::ok(0),
+        Err(e) => Outcome::ioerr(format!("write of {len} bytes at {offset_bytes}: {e}")),
+    }
+}
+
+/// Permits for `bytes` (at least one: an empty request still counts).
+fn permits(bytes: u64) -> u32 {
+    bytes.div_ceil(BUDGET_UNIT_BYTES).max(1) as u32
+}
+
+/// The byte budget of a server: `max_bytes` of request buffers at once
+/// (at least one largest request, so any request can run).
+pub fn budget(max_bytes: u64, max_request_bytes: u32) -> Arc<Semaphore> {
+    let bytes = max_bytes.max(u64::from(max_request_bytes));
+    Arc::new(Semaphore::new(permits(bytes) as usize))
+}

@@ -1,0 +1,373 @@
+//! One virtqueue's worker: a task that takes requests from the available
+//! ring when the guest kicks, runs them concurrently, and returns each to
+//! the used ring (with the inflight area updated around it) as it
+//! completes.
+//!
+//! One worker per queue and nothing shared between queues on the hot
+//! path: the queue, its kick and call descriptors and its part of the
+//! inflight area belong to its task; the device and the byte budget are
+//! shared, as they are between NBD connections.
+//!
+//! Stopping (VHOST_USER_GET_VRING_BASE, a disconnect, a server shutdown)
+//! takes no new request and waits for those running: each is returned to
+//! the guest before the worker says where the ring stopped.
+
+use std::fs::File;
+use std::io::Read;
+use std::num::Wrapping;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{oneshot, Semaphore};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::chain::{walk, Table};
+use crate::config_space::Limits;
+use crate::device::BlockDevice;
+use crate::error_log::ErrorLog;
+use crate::execute::{execute, Outcome};
+use crate::inflight::InflightQueue;
+use crate::request::{parse, DeviceShape, Request};
+
+/// What the worker of queue `index` starts from.
+pub struct QueueSetup {
+    pub index: u16,
+    pub size: u16,
+    /// Guest physical addresses of the descriptor table and the rings.
+    pub desc_table: u64,
+    pub avail_ring: u64,
+    pub used_ring: u64,
+    /// VHOST_USER_SET_VRING_BASE: where the available ring resumes.
+    pub next_avail: u16,
+    pub event_idx: bool,
+    pub indirect: bool,
+    pub kick: File,
+    /// Replaced by VHOST_USER_SET_VRING_CALL at any time.
+    pub call: Arc<parking_lot::Mutex<Option<File>>>,
+    pub inflight: Option<InflightQueue>,
+}
+
+/// What a worker shares with the other queues of its connection.
+pub struct Shared<D> {
+    pub device: Arc<D>,
+    pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    pub budget: Arc<Semaphore>,
+    pub limits: Limits,
+    pub log: ErrorLog,
+}
+
+/// A running worker: stop it to learn where its ring stopped.
+pub struct Worker {
+    stop: Option<oneshot::Sender<()>>,
+    done: oneshot::Receiver<u16>,
+}
+
+impl Worker {
+    /// Stops taking requests, waits for those running to be returned to
+    /// the guest, and gives the next available index. Blocks: call from a
+    /// thread that is not a runtime worker.
+    pub fn stop_blocking(mut self) -> Option<u16> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.done.blocking_recv().ok()
+    }
+}
+
+type Running = Pin<Box<dyn std::future::Future<Output = (u16, GuestAddress, Outcome)> + Send>>;
+
+/// Starts the worker of a queue on `runtime`.
+pub fn start<D: BlockDevice>(
+    setup: QueueSetup,
+    shared: Arc<Shared<D>>,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Worker, String> {
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    let kick = nonblocking(
+        setup
+            .kick
+            .try_clone()
+            .map_err(|e| format!("kick fd: {e}"))?,
+    )?;
+    let _guard = runtime.enter();
+    // SAFETY: `kick` is a File the AsyncFd owns: its descriptor stays
+    // open and the same until the AsyncFd is dropped.
+    let kick = unsafe { AsyncFd::register_with_interest(kick, tokio::io::Interest::READABLE) }
+        .map_err(|e| format!("watching the kick fd: {e}"))?;
+    let mut state = QueueState::new(setup, shared)?;
+    runtime.spawn(async move {
+        state.run(kick, stop_rx).await;
+        let _ = done_tx.send(state.queue.next_avail());
+    });
+    Ok(Worker {
+        stop: Some(stop_tx),
+        done: done_rx,
+    })
+}
+
+fn nonblocking(file: File) -> Result<File, String> {
+    // SAFETY: fcntl on a descriptor `file` owns; no memory is passed.
+    let rc = unsafe {
+        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK)
+    };
+    if rc < 0 {
+        return Err(format!("kick fd: {}", std::io::Error::last_os_error()));
+    }
+    Ok(file)
+}
+
+struct QueueState<D> {
+    index: u16,
+    size: u16,
+    indirect: bool,
+    queue: Queue,
+    call: Arc<parking_lot::Mutex<Option<File>>>,
+    inflight: Option<InflightQueue>,
+    counter: u64,
+    resubmit: Vec<u16>,
+    shared: Arc<Shared<D>>,
+    running: FuturesUnordered<Running>,
+}
+
+impl<D: BlockDevice> QueueState<D> {
+    fn new(setup: QueueSetup, shared: Arc<Shared<D>>) -> Result<Self, String> {
+        let mut queue =
+            Queue::new(setup.size).map_err(|e| format!("queue size {}: {e}", setup.size))?;
+        queue.set_size(setup.size);
+        queue.set_desc_table_address(
+            Some(setup.desc_table as u32),
+            Some((setup.desc_table >> 32) as u32),
+        );
+        queue.set_avail_ring_address(
+            Some(setup.avail_ring as u32),
+            Some((setup.avail_ring >> 32) as u32),
+        );
+        queue.set_used_ring_address(
+            Some(setup.used_ring as u32),
+            Some((setup.used_ring >> 32) as u32),
+        );
+        queue.set_event_idx(setup.event_idx);
+        queue.set_ready(true);
+        let mem = shared.mem.memory();
+        if !queue.is_valid(&*mem) {
+            return Err(format!(
+                "queue {}: rings of {} descriptors at {:#x}/{:#x}/{:#x} are not in guest memory or misaligned",
+                setup.index, setup.size, setup.desc_table, setup.avail_ring, setup.used_ring
+            ));
+        }
+        let used = queue
+            .used_idx(&*mem, Ordering::Acquire)
+            .map_err(|e| format!("queue {}: used index: {e}", setup.index))?;
+        queue.set_next_used(used.0);
+        let mut next_avail = setup.next_avail;
+        let (mut counter, mut resubmit) = (0, Vec::new());
+        if let Some(inflight) = &setup.inflight {
+            let found = inflight
+                .recover(used.0)
+                .map_err(|e| format!("queue {}: inflight area: {e}", setup.index))?;
+            if !found.resubmit.is_empty() || found.next_counter > 0 {
+                // Everything taken is either returned (used) or to be
+                // resubmitted: the ring resumes past both.
+                next_avail = (Wrapping(used.0) + Wrapping(found.resubmit.len() as u16)).0;
+            }
+            counter = found.next_counter;
+            resubmit = found.resubmit;
+            if !resubmit.is_empty() {
+                tracing::info!(volume = %shared.log.device(), queue = setup.index, requests = resubmit.len(), "resubmitting the requests a previous backend had taken");
+            }
+        }
+        queue.set_next_avail(next_avail);
+        Ok(QueueState {
+            index: setup.index,
+            size: setup.size,
+            indirect: setup.indirect,
+            queue,
+            call: setup.call,
+            inflight: setup.inflight,
+            counter,
+            resubmit,
+            shared,
+            running: FuturesUnordered::new(),
+        })
+    }
+
+    async fn run(&mut self, kick: AsyncFd<File>, mut stop: oneshot::Receiver<()>) {
+        for head in std::mem::take(&mut self.resubmit) {
+            self.submit(head);
+        }
+        // Requests queued while no backend ran were kicked into nobody.
+        self.take_available();
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                Some(done) = self.running.next(), if !self.running.is_empty() => {
+                    self.complete(done);
+                    while let Some(Some(done)) = futures::FutureExt::now_or_never(self.running.next()) {
+                        self.complete(done);
+                    }
+                    self.notify();
+                }
+                ready = kick.readable() => {
+                    match ready {
+                        Ok(mut guard) => {
+                            let mut value = [0u8; 8];
+                            // Clears the eventfd; WouldBlock clears readiness.
+                            if let Err(e) = guard.get_inner().read(&mut value) {
+                                if e.kind() == std::io::ErrorKind::WouldBlock {
+                                    guard.clear_ready();
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(volume = %self.shared.log.device(), queue = self.index, error = %e, "kick fd failed; the queue stops");
+                            break;
+                        }
+                    }
+                    self.take_available();
+                }
+            }
+        }
+        while let Some(done) = self.running.next().await {
+            self.complete(done);
+        }
+        self.notify();
+    }
+
+    /// Takes every request the guest made available, with notifications
+    /// off while doing so (EVENT_IDX: the guest kicks only past the index
+    /// the device asks for).
+    fn take_available(&mut self) {
+        loop {
+            let mem = self.shared.mem.memory();
+            if let Err(e) = self.queue.disable_notification(&*mem) {
+                tracing::warn!(volume = %self.shared.log.device(), queue = self.index, error = %e, "disabling notifications");
+            }
+            let mut heads = Vec::new();
+            while let Some(chain) = self.queue.pop_descriptor_chain(&*mem) {
+                heads.push(chain.head_index());
+            }
+            drop(mem);
+            for head in heads {
+                if let Some(inflight) = &self.inflight {
+                    if head < inflight.desc_num() {
+                        inflight.taken(head, self.counter);
+                        self.counter = self.counter.wrapping_add(1);
+                    }
+                }
+                self.submit(head);
+            }
+            let mem = self.shared.mem.memory();
+            match self.queue.enable_notification(&*mem) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::warn!(volume = %self.shared.log.device(), queue = self.index, error = %e, "re-enabling notifications");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Parses the chain at `head` and starts it (or answers at once).
+    fn submit(&mut self, head: u16) {
+        if head >= self.size {
+            // Not a descriptor: nothing can be returned for it.
+            self.shared.log.request(
+                self.index,
+                "request refused",
+                &format!("head index {head} past a queue of {}", self.size),
+            );
+            return;
+        }
+        let mem = self.shared.mem.memory().into_inner();
+        let table = Table {
+            addr: GuestAddress(self.queue.desc_table()),
+            len: u32::from(self.size),
+        };
+        let segments = match walk(&*mem, table, head, self.indirect) {
+            Ok(s) => s,
+            Err(e) => return self.unusable(head, &e.to_string()),
+        };
+        let shape = DeviceShape {
+            capacity_bytes: self.shared.device.size_bytes(),
+            read_only: self.shared.device.is_read_only(),
+            limits: self.shared.limits,
+        };
+        let request = match parse(&*mem, &segments, &shape) {
+            Ok(r) => r,
+            Err(e) => return self.unusable(head, &e),
+        };
+        let shared = self.shared.clone();
+        self.running.push(Box::pin(async move {
+            let Request { status, op } = request;
+            let outcome = match op {
+                Ok(op) => execute(&*shared.device, &*mem, &op, &shared.budget).await,
+                Err(refusal) => Outcome {
+                    status: refusal.status,
+                    written_bytes: 0,
+                    failure: Some(refusal.reason),
+                },
+            };
+            (head, status, outcome)
+        }));
+    }
+
+    /// A chain with no place for a status: returned with nothing written.
+    fn unusable(&mut self, head: u16, why: &str) {
+        self.shared.log.request(self.index, "chain refused", why);
+        self.put_used(head, 0);
+        self.notify();
+    }
+
+    fn complete(&mut self, (head, status_addr, outcome): (u16, GuestAddress, Outcome)) {
+        if let Some(why) = &outcome.failure {
+            self.shared.log.request(self.index, "request failed", why);
+        }
+        let mem = self.shared.mem.memory();
+        if let Err(e) = vm_memory::Bytes::write_obj(&*mem, outcome.status, status_addr) {
+            self.shared
+                .log
+                .request(self.index, "status not written", &e.to_string());
+        }
+        drop(mem);
+        // The status byte counts as written.
+        self.put_used(head, outcome.written_bytes.saturating_add(1));
+    }
+
+    fn put_used(&mut self, head: u16, len: u32) {
+        let mem = self.shared.mem.memory();
+        if let Some(inflight) = &self.inflight {
+            inflight.returning(head);
+        }
+        if let Err(e) = self.queue.add_used(&*mem, head, len) {
+            self.shared
+                .log
+                .request(self.index, "used ring", &e.to_string());
+            return;
+        }
+        if let Some(inflight) = &self.inflight {
+            inflight.returned(head, self.queue.next_used());
+        }
+    }
+
+    fn notify(&mut self) {
+        let mem = self.shared.mem.memory();
+        let needed = self.queue.needs_notification(&*mem).unwrap_or(true);
+        if !needed {
+            return;
+        }
+        if let Some(call) = self.call.lock().as_ref() {
+            // An eventfd adds what is written; a full counter (EAGAIN)
+            // already means "notified".
+            let one = 1u64.to_ne_bytes();
+            let _ = std::io::Write::write(&mut &*call, &one);
+        }
+    }
+}
