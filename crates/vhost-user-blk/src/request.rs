@@ -15,7 +15,7 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
     VIRTIO_BLK_T_WRITE_ZEROES, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
 };
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::chain::Segment;
 use crate::config_space::Limits;
@@ -179,6 +179,12 @@ fn parse_op<M: GuestMemory>(
     ]);
     let in_bytes = bytes_of(&data_in);
     let out_bytes = bytes_of(&data_out);
+    // Checked before the device does any work for the request.
+    in_memory(mem, &data_in, Permissions::Read).and(in_memory(
+        mem,
+        &data_out,
+        Permissions::Write,
+    ))?;
     match kind {
         VIRTIO_BLK_T_IN => {
             expect_none(in_bytes, "read")?;
@@ -218,6 +224,21 @@ fn parse_op<M: GuestMemory>(
             })
         }
         other => Err(unsupp(format!("request type {other} is not supported"))),
+    }
+}
+
+/// Every byte of `spans` is guest memory.
+fn in_memory<M: GuestMemory>(mem: &M, spans: &[Span], access: Permissions) -> Result<(), Refusal> {
+    match spans
+        .iter()
+        .find(|s| !mem.check_range(s.addr, s.len_bytes as usize, access))
+    {
+        None => Ok(()),
+        Some(s) => Err(ioerr(format!(
+            "guest buffer at {:#x} ({} bytes) is not guest memory",
+            s.addr.raw_value(),
+            s.len_bytes
+        ))),
     }
 }
 
