@@ -24,6 +24,8 @@ pub mod config_space;
 mod device;
 mod error_log;
 pub mod execute;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inflight;
 mod queue_worker;
 pub mod request;
