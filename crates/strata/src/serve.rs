@@ -71,16 +71,18 @@ async fn serve_volumes(
         Some(_) => OpenOutcome::all(args.volumes.clone()),
         None => open_all(engine, engine.list_volumes().await?).await,
     };
+    let vhost = crate::vhost_serve::start(exports, &args.vhost, &served.served, vhost_inherited)?;
     let metrics_task = match &args.metrics_listen {
         Some(addr) => {
+            let vhost_metrics = vhost.as_ref().map(|v| v.metrics());
             let (bound, task) =
-                crate::metrics::start(addr, engine.clone(), server.metrics()).await?;
+                crate::metrics::start(addr, engine.clone(), server.metrics(), vhost_metrics)
+                    .await?;
             println!("metrics http://{bound}/metrics");
             Some(task)
         }
         None => None,
     };
-    let vhost = crate::vhost_serve::start(exports, &args.vhost, &served.served, vhost_inherited)?;
     print_uris(&served, &server.local_addrs(), tls_on)?;
     let stats_task = start_stats(engine, args);
     crate::socket_activation::notify_ready();

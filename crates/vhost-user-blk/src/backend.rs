@@ -34,6 +34,7 @@ use crate::config_space::{config_bytes, Limits};
 use crate::device::BlockDevice;
 use crate::error_log::ErrorLog;
 use crate::inflight::{create_area, InflightArea, MAX_QUEUE_SIZE};
+use crate::metrics::DeviceMetrics;
 use crate::queue_worker::{self, QueueSetup, Shared, Worker};
 
 /// VHOST_USER_F_PROTOCOL_FEATURES: rings start disabled, and protocol
@@ -74,6 +75,7 @@ pub struct BlkBackend<D: BlockDevice> {
     config: DeviceConfig,
     runtime: tokio::runtime::Handle,
     budget: Arc<Semaphore>,
+    metrics: Arc<DeviceMetrics>,
     name: String,
     acked_features: u64,
     acked_protocol: u64,
@@ -91,7 +93,7 @@ impl<D: BlockDevice> BlkBackend<D> {
         name: &str,
         device: Arc<D>,
         config: DeviceConfig,
-        budget: Arc<Semaphore>,
+        (budget, metrics): (Arc<Semaphore>, Arc<DeviceMetrics>),
         runtime: tokio::runtime::Handle,
     ) -> Self {
         let vrings = (0..config.num_queues)
@@ -110,6 +112,7 @@ impl<D: BlockDevice> BlkBackend<D> {
             config,
             runtime,
             budget,
+            metrics,
             name: name.to_string(),
             acked_features: 0,
             acked_protocol: 0,
@@ -179,6 +182,7 @@ impl<D: BlockDevice> BlkBackend<D> {
                 device: self.device.clone(),
                 mem,
                 budget: self.budget.clone(),
+                metrics: self.metrics.clone(),
                 limits: self.config.limits,
                 log: ErrorLog::new(&self.name),
             })

@@ -27,9 +27,11 @@ pub mod execute;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inflight;
+pub mod metrics;
 mod queue_worker;
 pub mod request;
 mod server;
 
 pub use device::{Admission, BlockDevice, DeviceProvider};
+pub use metrics::{DeviceSnapshot, OpCounts, OpKind, VhostMetrics};
 pub use server::{bind, Server, ServerConfig};

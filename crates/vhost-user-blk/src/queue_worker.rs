@@ -32,7 +32,8 @@ use crate::device::BlockDevice;
 use crate::error_log::ErrorLog;
 use crate::execute::{execute, Outcome};
 use crate::inflight::InflightQueue;
-use crate::request::{parse, DeviceShape, Request};
+use crate::metrics::{DeviceMetrics, OpKind};
+use crate::request::{bytes_of, parse, DeviceShape, Op, Refusal, Request};
 
 /// What the worker of queue `index` starts from.
 pub struct QueueSetup {
@@ -57,6 +58,7 @@ pub struct Shared<D> {
     pub device: Arc<D>,
     pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
     pub budget: Arc<Semaphore>,
+    pub metrics: Arc<DeviceMetrics>,
     pub limits: Limits,
     pub log: ErrorLog,
 }
@@ -79,7 +81,9 @@ impl Worker {
     }
 }
 
-type Running = Pin<Box<dyn std::future::Future<Output = (u16, GuestAddress, Outcome)> + Send>>;
+/// A request running: its head, status byte, kind and data bytes.
+type Done = (u16, GuestAddress, OpKind, u64, Outcome);
+type Running = Pin<Box<dyn std::future::Future<Output = Done> + Send>>;
 
 /// Starts the worker of a queue on `runtime`.
 pub fn start<D: BlockDevice>(
@@ -305,6 +309,7 @@ impl<D: BlockDevice> QueueState<D> {
             Err(e) => return self.unusable(head, &e),
         };
         let shared = self.shared.clone();
+        let (kind, bytes) = kind_of(&request.op);
         self.running.push(Box::pin(async move {
             let Request { status, op } = request;
             let outcome = match op {
@@ -315,18 +320,23 @@ impl<D: BlockDevice> QueueState<D> {
                     failure: Some(refusal.reason),
                 },
             };
-            (head, status, outcome)
+            (head, status, kind, bytes, outcome)
         }));
     }
 
     /// A chain with no place for a status: returned with nothing written.
     fn unusable(&mut self, head: u16, why: &str) {
         self.shared.log.request(self.index, "chain refused", why);
+        self.shared.metrics.record(OpKind::Refused, false, 0);
         self.put_used(head, 0);
         self.notify();
     }
 
-    fn complete(&mut self, (head, status_addr, outcome): (u16, GuestAddress, Outcome)) {
+    fn complete(&mut self, (head, status_addr, kind, bytes, outcome): Done) {
+        let ok = outcome.failure.is_none();
+        self.shared
+            .metrics
+            .record(kind, ok, if ok { bytes } else { 0 });
         if let Some(why) = &outcome.failure {
             self.shared.log.request(self.index, "request failed", why);
         }
@@ -369,5 +379,23 @@ impl<D: BlockDevice> QueueState<D> {
             let one = 1u64.to_ne_bytes();
             let _ = std::io::Write::write(&mut &*call, &one);
         }
+    }
+}
+
+/// What a request counts as, and its data bytes.
+fn kind_of(op: &Result<Op, Refusal>) -> (OpKind, u64) {
+    match op {
+        Ok(Op::Read { data, .. }) => (OpKind::Read, bytes_of(data)),
+        Ok(Op::Write { data, .. }) => (OpKind::Write, bytes_of(data)),
+        Ok(Op::Flush) => (OpKind::Flush, 0),
+        Ok(Op::GetId { .. }) => (OpKind::GetId, 0),
+        Ok(Op::Discard { ranges }) => {
+            (OpKind::Discard, ranges.iter().map(|r| r.length_bytes).sum())
+        }
+        Ok(Op::WriteZeroes { ranges }) => (
+            OpKind::WriteZeroes,
+            ranges.iter().map(|r| r.length_bytes).sum(),
+        ),
+        Err(_) => (OpKind::Refused, 0),
     }
 }

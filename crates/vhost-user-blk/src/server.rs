@@ -22,6 +22,7 @@ use crate::backend::{BlkBackend, DeviceConfig};
 use crate::config_space::Limits;
 use crate::device::{BlockDevice, DeviceProvider};
 use crate::execute::budget;
+use crate::metrics::VhostMetrics;
 
 /// What every device of a server is offered with.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +50,7 @@ pub struct Server<P: DeviceProvider> {
     config: ServerConfig,
     budget: Arc<Semaphore>,
     stopping: watch::Sender<bool>,
+    metrics: Arc<VhostMetrics>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -59,8 +61,14 @@ impl<P: DeviceProvider> Server<P> {
             budget: budget(config.max_inflight_bytes, config.max_request_bytes),
             config,
             stopping: watch::channel(false).0,
+            metrics: Arc::new(VhostMetrics::default()),
             tasks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The server's counters (per device, per request kind).
+    pub fn metrics(&self) -> Arc<VhostMetrics> {
+        self.metrics.clone()
     }
 
     /// Serves device `name` on `listener` until `shutdown`.
@@ -141,11 +149,14 @@ impl<P: DeviceProvider> Server<P> {
             num_queues: self.config.num_queues,
             limits: Limits::new(128, self.config.max_request_bytes),
         };
+        self.metrics.accepted();
+        let device_metrics = self.metrics.device(name);
+        device_metrics.connected(1);
         let backend = BlkBackend::new(
             name,
             device.clone(),
             device_config,
-            self.budget.clone(),
+            (self.budget.clone(), device_metrics.clone()),
             tokio::runtime::Handle::current(),
         );
         let frontend = backend.frontend.clone();
@@ -166,6 +177,7 @@ impl<P: DeviceProvider> Server<P> {
         };
         if let Err(e) = thread {
             tracing::error!(volume = %name, error = %e, "cannot start the vhost-user connection thread");
+            device_metrics.connected(-1);
             return false;
         }
         let stop = tokio::select! {
@@ -189,6 +201,7 @@ impl<P: DeviceProvider> Server<P> {
         if let Some(r) = resize {
             r.abort();
         }
+        device_metrics.connected(-1);
         stop
     }
 }

@@ -16,6 +16,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use strata_store::StoreStats;
 use strata_volume::{Engine, ReadPathStats};
+use vhost_user_blk::VhostMetrics;
 
 use super::families::{counter, counters, gauge, gauges, histograms, Labels};
 use super::latency::Buckets;
@@ -25,11 +26,16 @@ use super::volume_families::volume_families;
 pub struct StrataCollector {
     engine: Arc<Engine>,
     nbd: Arc<NbdMetrics>,
+    vhost: Option<Arc<VhostMetrics>>,
 }
 
 impl StrataCollector {
-    pub fn new(engine: Arc<Engine>, nbd: Arc<NbdMetrics>) -> StrataCollector {
-        StrataCollector { engine, nbd }
+    pub fn new(
+        engine: Arc<Engine>,
+        nbd: Arc<NbdMetrics>,
+        vhost: Option<Arc<VhostMetrics>>,
+    ) -> StrataCollector {
+        StrataCollector { engine, nbd, vhost }
     }
 }
 
@@ -52,6 +58,9 @@ impl Collector for StrataCollector {
         }
         build_info(&mut enc)?;
         nbd_families(&mut enc, &nbd)?;
+        if let Some(vhost) = &self.vhost {
+            vhost_families(&mut enc, vhost)?;
+        }
         store_families(&mut enc, &stats.store)?;
         cache_families(&mut enc, &stats.read_path)?;
         volume_families(&mut enc, &stats.volumes)
@@ -138,6 +147,75 @@ fn nbd_families(enc: &mut DescriptorEncoder, nbd: &NbdSnapshot) -> fmt::Result {
         "strata_nbd_serving_connections",
         "NBD connections past the handshake, serving requests.",
         nbd.transmissions_open,
+    )
+}
+
+/// vhost-user-blk devices (with --vhost-user-dir / --vhost-user-socket):
+/// requests by volume and kind; a snapshot's under its volume.
+fn vhost_families(enc: &mut DescriptorEncoder, vhost: &VhostMetrics) -> fmt::Result {
+    let mut by_volume: std::collections::BTreeMap<
+        String,
+        Vec<(vhost_user_blk::OpKind, vhost_user_blk::OpCounts)>,
+    > = std::collections::BTreeMap::new();
+    let mut connected: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for (device, snap) in vhost.snapshot() {
+        let volume = device.split('@').next().unwrap_or(&device).to_string();
+        *connected.entry(volume.clone()).or_default() += snap.connected;
+        let ops = by_volume.entry(volume).or_default();
+        for (kind, counts) in snap.ops {
+            match ops.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, c)) => {
+                    c.requests += counts.requests;
+                    c.errors += counts.errors;
+                    c.bytes += counts.bytes;
+                }
+                None => ops.push((kind, counts)),
+            }
+        }
+    }
+    let rows = |f: &dyn Fn(&vhost_user_blk::OpCounts) -> u64| -> Vec<(Labels, u64)> {
+        let mut rows = Vec::new();
+        for (volume, ops) in &by_volume {
+            for (kind, counts) in ops {
+                let labels = vec![("volume", volume.clone()), ("op", kind.name().into())];
+                rows.push((labels, f(counts)));
+            }
+        }
+        rows
+    };
+    counters(
+        enc,
+        "strata_vhost_requests_total",
+        "vhost-user-blk requests returned to guests, by volume and kind (read, write, flush, discard, write_zeroes, get_id, refused: malformed or unsupported).",
+        &rows(&|c| c.requests),
+    )?;
+    counters(
+        enc,
+        "strata_vhost_request_errors_total",
+        "vhost-user-blk requests answered with an error status (IOERR, UNSUPP), by volume and kind.",
+        &rows(&|c| c.errors),
+    )?;
+    counters(
+        enc,
+        "strata_vhost_request_bytes_total",
+        "Bytes vhost-user-blk requests moved or addressed, by volume and kind: data read or written, range discarded or zeroed.",
+        &rows(&|c| c.bytes),
+    )?;
+    counter(
+        enc,
+        "strata_vhost_connections_accepted_total",
+        "vhost-user-blk frontend connections accepted.",
+        vhost.connections_accepted(),
+    )?;
+    let connected: Vec<(Labels, u64)> = connected
+        .into_iter()
+        .map(|(v, n)| (label("volume", &v), n))
+        .collect();
+    gauges(
+        enc,
+        "strata_vhost_frontends",
+        "vhost-user-blk frontends (VMs) connected, by volume.",
+        &connected,
     )
 }
 

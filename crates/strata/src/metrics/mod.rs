@@ -35,6 +35,7 @@ pub async fn start(
     addr: &str,
     engine: Arc<Engine>,
     nbd: Arc<NbdMetrics>,
+    vhost: Option<Arc<vhost_user_blk::VhostMetrics>>,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let addr: SocketAddr = addr.parse().with_context(|| {
         format!("--metrics-listen {addr:?}: expected IP:PORT, e.g. 127.0.0.1:9187")
@@ -44,7 +45,9 @@ pub async fn start(
         .with_context(|| format!("cannot listen on {addr} for metrics"))?;
     let bound = listener.local_addr().context("metrics listener address")?;
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(collector::StrataCollector::new(engine, nbd)));
+    registry.register_collector(Box::new(collector::StrataCollector::new(
+        engine, nbd, vhost,
+    )));
     let task = tokio::spawn(http::serve(listener, Arc::new(registry)));
     tracing::info!(addr = %bound, "serving metrics at /metrics");
     Ok((bound, task))
