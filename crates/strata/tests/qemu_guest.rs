@@ -29,28 +29,16 @@
 
 mod common;
 
-use std::io::Write;
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::guest::*;
 use common::*;
 
-/// Rounds the guest must complete after each host event.
-const ROUNDS_PER_EVENT: u64 = 2;
-/// How long the guest may take to boot (TCG on a busy 2-core machine).
-const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
-/// How long the guest may take for `ROUNDS_PER_EVENT` rounds, an event
-/// included.
-const ROUNDS_TIMEOUT: Duration = Duration::from_secs(240);
 /// The guest's root filesystem.
 const ROOT_SIZE_BYTES: u64 = 128 * MIB;
-/// Kernel log lines that mean the guest saw a failed request.
-const KERNEL_ERROR_PATTERN: &str = "I/O error|Buffer I/O|EXT4-fs error|EXT4-fs warning|\
-Remounting filesystem read-only|blk_update_request|print_req_error|critical medium error|\
-Aborting journal";
 
 /// The guest's /sbin/init.
 const GUEST_INIT: &str = r#"#!/bin/sh
@@ -125,14 +113,14 @@ fn guest_runs_through_restarts_a_kill_and_a_move() {
     let boot = GuestBoot::find();
     let tmp = tempfile::TempDir::new().unwrap();
     let dir = tmp.path();
-    let image = make_root_image(dir);
+    let image = make_root_image(dir, GUEST_INIT, ROOT_SIZE_BYTES);
     let mut server = Server::new_stopped(&dir.join("srv"), Target::strata());
     server.cli_ok(&["volume", "import", image.to_str().unwrap(), "vm"]);
     server.volumes = vec![("vm".to_string(), ROOT_SIZE_BYTES)];
     server.hold_socket();
     server.start_again();
 
-    let mut guest = Guest::start(&boot, &server.socket, dir);
+    let mut guest = start_guest(&boot, &server.socket, dir);
     guest.wait_round(1, BOOT_TIMEOUT, "boot");
     let mut handovers = Vec::new();
     for n in 1..=3 {
@@ -258,262 +246,25 @@ impl Probe {
     }
 }
 
-/// The guest's kernel and initrd: Debian's newest in /boot.
-struct GuestBoot {
-    kernel: PathBuf,
-    initrd: PathBuf,
-}
-
-impl GuestBoot {
-    fn find() -> GuestBoot {
-        let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("vmlinuz-"))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        kernels.sort();
-        let kernel = kernels.pop().unwrap_or_else(|| {
-            panic!("no /boot/vmlinuz-*: run scripts/install-test-deps (linux-image-amd64)")
-        });
-        let version = kernel
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("vmlinuz-"))
-            .unwrap_or_default()
-            .to_string();
-        let initrd = PathBuf::from(format!("/boot/initrd.img-{version}"));
-        assert!(
-            initrd.is_file(),
-            "{} has no initrd {}: run update-initramfs -c -k {version}",
-            kernel.display(),
-            initrd.display()
-        );
-        GuestBoot { kernel, initrd }
-    }
-}
-
-/// An ext4 image of a busybox root filesystem with [`GUEST_INIT`].
-fn make_root_image(dir: &Path) -> PathBuf {
-    let busybox = which("busybox");
-    let ldd = Command::new("ldd").arg(&busybox).output();
-    assert!(
-        ldd.is_ok_and(
-            |o| !o.status.success() || String::from_utf8_lossy(&o.stdout).contains("not a dynamic")
-        ),
-        "{} is dynamically linked: install busybox-static",
-        busybox.display()
+/// The guest, its root filesystem on virtio-blk over QEMU's NBD client.
+fn start_guest(boot: &GuestBoot, socket: &Path, dir: &Path) -> Guest {
+    let blockdev = format!(
+        "driver=nbd,node-name=disk0,server.type=unix,server.path={},export=vm,\
+         reconnect-delay=60,cache.direct=on",
+        socket.display()
     );
-    let root = dir.join("root");
-    for sub in ["bin", "sbin", "proc", "sys", "dev", "tmp", "data", "etc"] {
-        std::fs::create_dir_all(root.join(sub)).unwrap();
-    }
-    std::fs::copy(&busybox, root.join("bin/busybox")).unwrap();
-    let applets = Command::new(&busybox).arg("--list").output().unwrap();
-    for applet in String::from_utf8_lossy(&applets.stdout).split_whitespace() {
-        let link = root.join("bin").join(applet);
-        if !link.exists() {
-            std::os::unix::fs::symlink("busybox", link).unwrap();
-        }
-    }
-    let init = root.join("sbin/init");
-    let pattern = KERNEL_ERROR_PATTERN.replace('\n', "");
-    std::fs::write(&init, GUEST_INIT.replace("KERNEL_ERROR_PATTERN", &pattern)).unwrap();
-    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let image = dir.join("root.img");
-    run_ok(
-        Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-d"])
-            .arg(&root)
-            .arg(&image)
-            .arg(format!("{}M", ROOT_SIZE_BYTES / MIB)),
-        Duration::from_secs(60),
-    );
-    image
-}
-
-fn which(tool: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(tool))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| panic!("{tool} not in PATH: run scripts/install-test-deps"))
-}
-
-/// The running guest: QEMU, its console log and its control port.
-struct Guest {
-    qemu: BgProcess,
-    console: PathBuf,
-    control: UnixStream,
-    /// The last round the host has seen completed.
-    round: u64,
-    /// Where the console log is copied when the test fails.
-    kept_log: PathBuf,
-}
-
-impl Guest {
-    fn start(boot: &GuestBoot, socket: &Path, dir: &Path) -> Guest {
-        let console = dir.join("console.log");
-        let control_path = dir.join("control.sock");
-        let blockdev = format!(
-            "driver=nbd,node-name=disk0,server.type=unix,server.path={},export=vm,\
-             reconnect-delay=60,cache.direct=on",
-            socket.display()
-        );
-        let qemu = BgProcess::spawn(
-            "qemu",
-            Command::new("qemu-system-x86_64")
-                .args(["-machine", "q35,accel=tcg", "-m", "256", "-smp", "1"])
-                .args(["-nodefaults", "-display", "none", "-no-reboot"])
-                .arg("-kernel")
-                .arg(&boot.kernel)
-                .arg("-initrd")
-                .arg(&boot.initrd)
-                .args([
-                    "-append",
-                    "console=ttyS0 root=/dev/vda rw init=/sbin/init panic=-1",
-                ])
-                .args(["-blockdev", &blockdev])
-                .args(["-device", "virtio-blk-pci,drive=disk0"])
-                .arg("-serial")
-                .arg(format!("file:{}", console.display()))
-                .arg("-chardev")
-                .arg(format!(
-                    "socket,id=control,path={},server=on,wait=off",
-                    control_path.display()
-                ))
-                .args(["-serial", "chardev:control"]),
-        );
-        let t0 = Instant::now();
-        let control = loop {
-            match UnixStream::connect(&control_path) {
-                Ok(stream) => break stream,
-                Err(error) => {
-                    assert!(
-                        t0.elapsed() < Duration::from_secs(30),
-                        "QEMU's control port {}: {error}\n{}",
-                        control_path.display(),
-                        qemu.stderr()
-                    );
-                    thread::sleep(Duration::from_millis(50));
-                }
-            }
-        };
-        let kept_log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("qemu_guest-console.log");
-        Guest {
-            qemu,
-            console,
-            control,
-            round: 0,
-            kept_log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.console).unwrap_or_default()
-    }
-
-    /// Fails the test with the guest's log (kept at `kept_log`).
-    fn fail(&self, why: &str) -> ! {
-        let log = self.log();
-        let _ = std::fs::write(&self.kept_log, &log);
-        let tail: String = log
-            .lines()
-            .rev()
-            .take(60)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n");
-        panic!(
-            "{why}\nguest console log kept at {}; its end:\n{tail}\nQEMU stderr:\n{}",
-            self.kept_log.display(),
-            self.qemu.stderr()
-        );
-    }
-
-    /// Fails on any `FAIL` line or kernel error the guest printed.
-    fn check_log(&self, log: &str) {
-        if let Some(line) = log.lines().find(|l| l.contains("STRATA-TEST FAIL")) {
-            self.fail(&format!("the guest failed: {line}"));
-        }
-        let errors: Vec<&str> = KERNEL_ERROR_PATTERN.split('|').collect();
-        if let Some(line) = log
-            .lines()
-            .find(|l| !l.contains("STRATA-TEST") && errors.iter().any(|e| l.contains(e)))
-        {
-            self.fail(&format!("the guest's kernel reported an error: {line}"));
-        }
-    }
-
-    /// The highest round the guest reported complete.
-    fn last_round(log: &str) -> u64 {
-        log.lines()
-            .filter_map(|l| l.trim().strip_prefix("STRATA-TEST round "))
-            .filter_map(|rest| rest.strip_suffix(" ok")?.parse().ok())
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Waits until the guest completed round `round`.
-    fn wait_round(&mut self, round: u64, timeout: Duration, what: &str) {
-        let t0 = Instant::now();
-        loop {
-            let log = self.log();
-            self.check_log(&log);
-            let last = Guest::last_round(&log);
-            if last >= round {
-                eprintln!("[guest] round {last} done ({what}, {:.1?})", t0.elapsed());
-                self.round = last;
-                return;
-            }
-            if t0.elapsed() > timeout {
-                self.fail(&format!(
-                    "{what}: the guest did not complete round {round} within {timeout:?}"
-                ));
-            }
-            thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// Waits for `ROUNDS_PER_EVENT` more rounds after an event.
-    fn next_rounds(&mut self, what: &str) {
-        let target = self.round + ROUNDS_PER_EVENT;
-        self.wait_round(target, ROUNDS_TIMEOUT, what);
-    }
-
-    /// Tells the guest to stop; waits for its final verification and
-    /// power-off; checks its log.
-    fn stop_and_check(&mut self) {
-        if let Err(error) = self.control.write_all(b"stop\n") {
-            self.fail(&format!(
-                "cannot write to the guest's control port: {error}"
-            ));
-        }
-        let status = self.qemu.wait(ROUNDS_TIMEOUT);
-        let log = self.log();
-        self.check_log(&log);
-        if !status.success() {
-            self.fail(&format!("QEMU exited with {status}"));
-        }
-        if !log.contains("STRATA-TEST kernel-errors 0") {
-            self.fail("the guest's kernel log has I/O errors");
-        }
-        if !log.contains("STRATA-TEST done") {
-            self.fail("the guest did not finish its final verification");
-        }
-        eprintln!(
-            "[guest] stopped after round {}: every file verified, no kernel error",
-            Guest::last_round(&log)
-        );
-    }
+    let machine: Vec<String> = [
+        "-m",
+        "256",
+        "-smp",
+        "1",
+        "-blockdev",
+        &blockdev,
+        "-device",
+        "virtio-blk-pci,drive=disk0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Guest::start(boot, dir, "qemu_guest", &machine)
 }

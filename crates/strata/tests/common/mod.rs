@@ -28,6 +28,7 @@
 
 pub mod clients;
 pub mod crash_check;
+pub mod guest;
 pub mod http_stub;
 
 use std::io::{BufRead, BufReader, Read};
@@ -99,15 +100,21 @@ fn die_with_parent(cmd: &mut Command) {
 }
 
 /// `cmd` started the way systemd starts a socket-activated service:
-/// `listener` as descriptor 3, `LISTEN_FDS=1` and `LISTEN_PID` = the pid
-/// of the process (set by a shell that then execs the command, keeping
-/// its pid).
-fn socket_activated(cmd: &Command, listener: Arc<std::os::unix::net::UnixListener>) -> Command {
+/// `listeners` as descriptors 3, 4, ... in order, `LISTEN_FDS` = their
+/// number and `LISTEN_PID` = the pid of the process (set by a shell that
+/// then execs the command, keeping its pid).
+fn socket_activated(
+    cmd: &Command,
+    listeners: Vec<Arc<std::os::unix::net::UnixListener>>,
+) -> Command {
     use std::os::fd::AsRawFd;
+    let count = listeners.len() as libc::c_int;
     let mut wrapped = Command::new("sh");
     wrapped
         .arg("-c")
-        .arg(r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@""#)
+        .arg(format!(
+            r#"LISTEN_PID=$$ LISTEN_FDS={count} exec "$0" "$@""#
+        ))
         .arg(cmd.get_program())
         .args(cmd.get_args());
     for (key, value) in cmd.get_envs() {
@@ -116,18 +123,31 @@ fn socket_activated(cmd: &Command, listener: Arc<std::os::unix::net::UnixListene
             None => wrapped.env_remove(key),
         };
     }
-    let fd = listener.as_raw_fd();
-    // SAFETY: dup2 and fcntl are async-signal-safe; the listener outlives
-    // the spawn (the closure owns a reference to it).
+    let fds: Vec<libc::c_int> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    // SAFETY: dup2, fcntl and close are async-signal-safe; the listeners
+    // outlive the spawn (the closure owns references to them); `fds` is
+    // allocated before the fork and only read after it.
     unsafe {
         wrapped.pre_exec(move || {
-            let _keep = &listener;
-            if fd != 3 && libc::dup2(fd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
+            let _keep = &listeners;
+            // Each is first copied above the target range, so that placing
+            // one never closes another still to be placed; dup2 onto
+            // another number then clears close-on-exec on the copy.
+            let mut moved = [0 as libc::c_int; 16];
+            if fds.len() > moved.len() {
+                return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
             }
-            // dup2 clears close-on-exec on the copy, but not when fd == 3.
-            if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
+            for (i, fd) in fds.iter().enumerate() {
+                moved[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 3 + count);
+                if moved[i] < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (i, fd) in moved[..fds.len()].iter().enumerate() {
+                if libc::dup2(*fd, 3 + i as libc::c_int) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(*fd);
             }
             Ok(())
         });
@@ -549,6 +569,9 @@ pub struct Server {
     /// The listening socket this harness holds and passes to every start
     /// (systemd socket activation): clients queue in it across restarts.
     held_socket: Option<Arc<std::os::unix::net::UnixListener>>,
+    /// More sockets held and passed the same way, after `held_socket`
+    /// (e.g. vhost-user-blk sockets): see [`Server::hold_extra_socket`].
+    held_extra: Vec<Arc<std::os::unix::net::UnixListener>>,
     /// Reads the running server's stderr into `stderr`; done at its EOF.
     stderr_collector: Option<thread::JoinHandle<()>>,
 }
@@ -604,6 +627,7 @@ impl Server {
             starts: 0,
             stderr_shown: false,
             held_socket: None,
+            held_extra: Vec::new(),
             stderr_collector: None,
         }
     }
@@ -617,6 +641,18 @@ impl Server {
         let listener = std::os::unix::net::UnixListener::bind(&self.socket)
             .unwrap_or_else(|e| panic!("bind {}: {e}", self.socket.display()));
         self.held_socket = Some(Arc::new(listener));
+    }
+
+    /// Binds one more listening socket at `path`, held like the one of
+    /// [`Server::hold_socket`] and passed after it, in the order of the
+    /// calls. strata serves a passed socket whose path is one of its
+    /// vhost-user socket paths as that one (`--vhost-user-dir`,
+    /// `--vhost-user-socket`).
+    pub fn hold_extra_socket(&mut self, path: &Path) {
+        let _ = std::fs::remove_file(path);
+        let listener = std::os::unix::net::UnixListener::bind(path)
+            .unwrap_or_else(|e| panic!("bind {}: {e}", path.display()));
+        self.held_extra.push(Arc::new(listener));
     }
 
     pub fn store_dir(&self) -> PathBuf {
@@ -776,9 +812,16 @@ impl Server {
                     c.arg("--create").arg(format!("{name}={}", size_arg(*size)));
                 }
                 c.args(extra);
-                match &self.held_socket {
-                    Some(listener) => socket_activated(&c, listener.clone()),
-                    None => c,
+                let held: Vec<_> = self
+                    .held_socket
+                    .iter()
+                    .chain(&self.held_extra)
+                    .cloned()
+                    .collect();
+                if held.is_empty() {
+                    c
+                } else {
+                    socket_activated(&c, held)
                 }
             }
             Target::NbdkitMemory | Target::NbdkitFile => {
