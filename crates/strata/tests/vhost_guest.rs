@@ -41,9 +41,9 @@
 //! guest's console log is kept (path in the failure message) when the
 //! test fails.
 //!
-//! The second test, ignored until the backend can send the message (see
-//! it), runs the same with an online resize first: `strata volume resize`
-//! through the serving server, the guest must see the new size, writes
+//! Before the restarts, an online resize: `strata volume resize` through
+//! the serving server; the guest must see the new size (strata sends
+//! VHOST_USER_BACKEND_CONFIG_CHANGE_MSG, QEMU tells the guest), writes
 //! 1 MiB past the old end, and every later verification (and the exported
 //! volume) must read it back.
 //!
@@ -194,19 +194,8 @@ poweroff -f
 "#;
 
 #[test]
-fn vhost_guest_runs_through_restarts_and_a_kill_and_reads_a_snapshot() {
-    run_guest(false, "vhost_guest");
-}
-
-/// Ignored until the backend can tell QEMU of a new size: vhost 0.18's
-/// `Backend` (the channel strata gets from VHOST_USER_SET_BACKEND_REQ_FD)
-/// does not implement `handle_config_change` (the trait's default answers
-/// ENOSYS), so strata logs "configuration change not delivered ...
-/// Function not implemented" and the guest keeps the old size.
-#[test]
-#[ignore = "the backend cannot deliver VHOST_USER_BACKEND_CONFIG_CHANGE_MSG yet (vhost 0.18 Backend: ENOSYS)"]
-fn vhost_guest_sees_an_online_resize() {
-    run_guest(true, "vhost_guest-resize");
+fn vhost_guest_sees_a_resize_and_runs_through_restarts_and_a_kill_and_reads_a_snapshot() {
+    run_guest(true, "vhost_guest");
 }
 
 /// The scenario of the module doc; `grow`: with the online resize.

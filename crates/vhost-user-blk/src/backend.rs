@@ -84,8 +84,6 @@ pub struct BlkBackend<D: BlockDevice> {
     vrings: Vec<Vring>,
     inflight: Option<Arc<InflightArea>>,
     shared: Option<Arc<Shared<D>>>,
-    /// The backend-to-frontend channel, for configuration changes.
-    pub(crate) frontend: Arc<parking_lot::Mutex<Option<Backend>>>,
 }
 
 impl<D: BlockDevice> BlkBackend<D> {
@@ -121,7 +119,6 @@ impl<D: BlockDevice> BlkBackend<D> {
             vrings,
             inflight: None,
             shared: None,
-            frontend: Arc::new(parking_lot::Mutex::new(None)),
         }
     }
 
@@ -434,12 +431,10 @@ impl<D: BlockDevice> VhostUserBackendReqHandlerMut for BlkBackend<D> {
         unsupported("the configuration space is read-only")
     }
 
-    fn set_backend_req_fd(&mut self, backend: Backend) {
-        backend.set_reply_ack_flag(
-            self.acked_protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0,
-        );
-        *self.frontend.lock() = Some(backend);
-    }
+    /// The channel itself is kept by the connection thread
+    /// (`backend_channel.rs`): the vhost crate's `Backend` cannot send
+    /// VHOST_USER_BACKEND_CONFIG_CHANGE_MSG.
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
 
     fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VuResult<()> {
         unsupported("not a GPU")

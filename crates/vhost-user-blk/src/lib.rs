@@ -19,6 +19,7 @@
 //! binary adapts a volume to `BlockDevice`.
 
 mod backend;
+mod backend_channel;
 pub mod chain;
 pub mod config_space;
 mod device;

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
-use vhost::vhost_user::{BackendReqHandler, Error as VuError, VhostUserFrontendReqHandler};
+use vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
 use crate::backend::{BlkBackend, DeviceConfig};
 use crate::config_space::Limits;
@@ -159,11 +159,11 @@ impl<P: DeviceProvider> Server<P> {
             (self.budget.clone(), device_metrics.clone()),
             tokio::runtime::Handle::current(),
         );
-        let frontend = backend.frontend.clone();
+        let channel = Arc::new(parking_lot::Mutex::new(None));
         let backend = Arc::new(Mutex::new(backend));
         let resize = device
             .size_watch()
-            .map(|watch| tokio::spawn(tell_resizes(name.to_string(), watch, frontend)));
+            .map(|watch| tokio::spawn(tell_resizes(name.to_string(), watch, channel.clone())));
         tracing::info!(volume = %name, "vhost-user frontend connected");
         let (done_tx, mut done_rx) = oneshot::channel();
         let thread = {
@@ -171,7 +171,7 @@ impl<P: DeviceProvider> Server<P> {
             std::thread::Builder::new()
                 .name(format!("vhost-{name}"))
                 .spawn(move || {
-                    handle_messages(&name, stream, backend);
+                    handle_messages(&name, stream, backend, channel);
                     let _ = done_tx.send(());
                 })
         };
@@ -217,9 +217,18 @@ fn handle_messages<D: BlockDevice>(
     name: &str,
     stream: UnixStream,
     backend: Arc<Mutex<BlkBackend<D>>>,
+    channel: Arc<parking_lot::Mutex<Option<UnixStream>>>,
 ) {
+    let peek = stream.try_clone();
     let mut handler = BackendReqHandler::from_stream(stream, backend.clone());
     loop {
+        if let Some(c) = peek
+            .as_ref()
+            .ok()
+            .and_then(crate::backend_channel::peek_channel)
+        {
+            *channel.lock() = Some(c);
+        }
         match handler.handle_request() {
             Ok(()) => {}
             Err(VuError::Disconnected) | Err(VuError::PartialMessage) => {
@@ -244,15 +253,18 @@ fn handle_messages<D: BlockDevice>(
 async fn tell_resizes(
     name: String,
     mut watch: watch::Receiver<u64>,
-    frontend: Arc<parking_lot::Mutex<Option<vhost::vhost_user::Backend>>>,
+    channel: Arc<parking_lot::Mutex<Option<UnixStream>>>,
 ) {
     while watch.changed().await.is_ok() {
         let size = *watch.borrow_and_update();
-        let Some(channel) = frontend.lock().clone() else {
+        let Some(channel) = channel.lock().as_ref().and_then(|c| c.try_clone().ok()) else {
             tracing::warn!(volume = %name, size_bytes = size, "resized, but the frontend gave no backend channel (BACKEND_REQ): the guest sees the new size after a reconnect");
             continue;
         };
-        let sent = tokio::task::spawn_blocking(move || channel.handle_config_change()).await;
+        let sent = tokio::task::spawn_blocking(move || {
+            crate::backend_channel::send_config_change(&channel)
+        })
+        .await;
         match sent {
             Ok(Ok(_)) => {
                 tracing::info!(volume = %name, size_bytes = size, "told the vhost-user frontend of the new size")
