@@ -20,9 +20,8 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
@@ -137,7 +136,14 @@ struct QueueState<D> {
     counter: u64,
     resubmit: Vec<u16>,
     shared: Arc<Shared<D>>,
-    running: FuturesUnordered<Running>,
+    /// Requests done at their first poll, to return after the batch.
+    ready: Vec<Done>,
+    /// Requests that had to wait run as tasks of their own (a queue's
+    /// requests then spread over the runtime's threads, as NBD's do) and
+    /// come back here.
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    spawned: usize,
 }
 
 impl<D: BlockDevice> QueueState<D> {
@@ -188,6 +194,7 @@ impl<D: BlockDevice> QueueState<D> {
             }
         }
         queue.set_next_avail(next_avail);
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
         Ok(QueueState {
             index: setup.index,
             size: setup.size,
@@ -198,7 +205,10 @@ impl<D: BlockDevice> QueueState<D> {
             counter,
             resubmit,
             shared,
-            running: FuturesUnordered::new(),
+            ready: Vec::new(),
+            done_tx,
+            done_rx,
+            spawned: 0,
         })
     }
 
@@ -208,12 +218,15 @@ impl<D: BlockDevice> QueueState<D> {
         }
         // Requests queued while no backend ran were kicked into nobody.
         self.take_available();
+        self.complete_ready();
         loop {
             tokio::select! {
                 _ = &mut stop => break,
-                Some(done) = self.running.next(), if !self.running.is_empty() => {
+                Some(done) = self.done_rx.recv(), if self.spawned > 0 => {
+                    self.spawned -= 1;
                     self.complete(done);
-                    while let Some(Some(done)) = futures::FutureExt::now_or_never(self.running.next()) {
+                    while let Ok(done) = self.done_rx.try_recv() {
+                        self.spawned -= 1;
                         self.complete(done);
                     }
                     self.notify();
@@ -235,10 +248,26 @@ impl<D: BlockDevice> QueueState<D> {
                         }
                     }
                     self.take_available();
+                    self.complete_ready();
                 }
             }
         }
-        while let Some(done) = self.running.next().await {
+        while self.spawned > 0 {
+            let Some(done) = self.done_rx.recv().await else {
+                break;
+            };
+            self.spawned -= 1;
+            self.complete(done);
+        }
+        self.notify();
+    }
+
+    /// Returns the requests that were done at once, and notifies.
+    fn complete_ready(&mut self) {
+        if self.ready.is_empty() {
+            return;
+        }
+        for done in std::mem::take(&mut self.ready) {
             self.complete(done);
         }
         self.notify();
@@ -310,7 +339,7 @@ impl<D: BlockDevice> QueueState<D> {
         };
         let shared = self.shared.clone();
         let (kind, bytes) = kind_of(&request.op);
-        self.running.push(Box::pin(async move {
+        let mut request: Running = Box::pin(async move {
             let Request { status, op } = request;
             let outcome = match op {
                 Ok(op) => execute(&*shared.device, &*mem, &op, &shared.budget).await,
@@ -321,7 +350,21 @@ impl<D: BlockDevice> QueueState<D> {
                 },
             };
             (head, status, kind, bytes, outcome)
-        }));
+        });
+        // Polled once here: a request the device answers at once (a read
+        // from cache) costs no task.
+        match futures::FutureExt::now_or_never(&mut request) {
+            Some(done) => self.ready.push(done),
+            None => {
+                self.spawned += 1;
+                let tx = self.done_tx.clone();
+                tokio::spawn(async move {
+                    // The worker outlives its tasks (it waits for every
+                    // one before it ends), so the send cannot fail.
+                    let _ = tx.send(request.await);
+                });
+            }
+        }
     }
 
     /// A chain with no place for a status: returned with nothing written.
