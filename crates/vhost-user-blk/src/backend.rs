@@ -63,6 +63,21 @@ struct Vring {
     worker: Option<Worker>,
 }
 
+impl Vring {
+    /// A ring the frontend has not set up.
+    fn idle() -> Vring {
+        Vring {
+            size: 0,
+            addrs: None,
+            next_avail: 0,
+            kick: None,
+            call: Arc::new(parking_lot::Mutex::new(None)),
+            enabled: false,
+            worker: None,
+        }
+    }
+}
+
 /// A guest memory region: where the frontend's own mapping of it was.
 struct Mapping {
     frontend_addr: u64,
@@ -94,17 +109,7 @@ impl<D: BlockDevice> BlkBackend<D> {
         (budget, metrics): (Arc<Semaphore>, Arc<DeviceMetrics>),
         runtime: tokio::runtime::Handle,
     ) -> Self {
-        let vrings = (0..config.num_queues)
-            .map(|_| Vring {
-                size: 0,
-                addrs: None,
-                next_avail: 0,
-                kick: None,
-                call: Arc::new(parking_lot::Mutex::new(None)),
-                enabled: false,
-                worker: None,
-            })
-            .collect();
+        let vrings = (0..config.num_queues).map(|_| Vring::idle()).collect();
         BlkBackend {
             device,
             config,
@@ -230,15 +235,7 @@ impl<D: BlockDevice> BlkBackend<D> {
     fn reset(&mut self) {
         self.stop_all();
         for v in &mut self.vrings {
-            *v = Vring {
-                size: 0,
-                addrs: None,
-                next_avail: 0,
-                kick: None,
-                call: Arc::new(parking_lot::Mutex::new(None)),
-                enabled: false,
-                worker: None,
-            };
+            *v = Vring::idle();
         }
         self.acked_features = 0;
         self.inflight = None;
