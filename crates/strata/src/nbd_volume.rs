@@ -215,7 +215,7 @@ pub struct VolumeExports {
 }
 
 impl VolumeExports {
-    fn serves(&self, name: &str) -> bool {
+    pub(crate) fn serves(&self, name: &str) -> bool {
         self.only.as_ref().is_none_or(|o| o.contains(name))
     }
 }

@@ -71,7 +71,8 @@ async fn serve_volumes(
         Some(_) => OpenOutcome::all(args.volumes.clone()),
         None => open_all(engine, engine.list_volumes().await?).await,
     };
-    let vhost = crate::vhost_serve::start(exports, &args.vhost, &served.served, vhost_inherited)?;
+    let vhost =
+        crate::vhost_serve::start(exports, &args.vhost, &served.served, vhost_inherited).await?;
     let metrics_task = match &args.metrics_listen {
         Some(addr) => {
             let vhost_metrics = vhost.as_ref().map(|v| v.metrics());

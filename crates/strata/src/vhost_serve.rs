@@ -81,9 +81,37 @@ pub fn take_inherited(
     (vhost, rest)
 }
 
+/// Refuses a `--vhost-user-socket` export that does not exist or that
+/// this server does not serve (its frontend would be refused at every
+/// reconnect, once a second).
+async fn check_exports(
+    exports: &VolumeExports,
+    sockets: &[(String, PathBuf)],
+) -> anyhow::Result<()> {
+    let volumes = exports.engine.list_volumes().await?;
+    for (export, path) in sockets {
+        let (volume, snapshot) = match export.split_once('@') {
+            Some((v, s)) => (v, Some(s)),
+            None => (export.as_str(), None),
+        };
+        let Some(info) = volumes.iter().find(|v| v.name == volume) else {
+            bail!("vhost-user-blk socket {} for {export}: no volume {volume:?} (strata volume list shows them)", path.display());
+        };
+        if let Some(snapshot) = snapshot {
+            if !info.snapshots.iter().any(|s| s.name == snapshot) {
+                bail!("vhost-user-blk socket {} for {export}: volume {volume:?} has no snapshot {snapshot:?} (strata snapshot list {volume})", path.display());
+            }
+        }
+        if !exports.serves(volume) {
+            bail!("vhost-user-blk socket {} for {export}: this server does not serve volume {volume:?} (add --volume {volume})", path.display());
+        }
+    }
+    Ok(())
+}
+
 /// Binds (or adopts) every socket and serves it; prints one line per
 /// socket. `None` when no vhost-user option was given.
-pub fn start(
+pub async fn start(
     exports: Arc<VolumeExports>,
     args: &VhostArgs,
     served: &[String],
@@ -93,6 +121,7 @@ pub fn start(
     if sockets.is_empty() && args.vhost_user_dir.is_none() {
         return Ok(None);
     }
+    check_exports(&exports, &sockets).await?;
     if args.vhost_user_queues == 0 {
         bail!("--vhost-user-queues 0: at least one queue is needed");
     }
