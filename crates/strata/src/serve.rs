@@ -58,6 +58,7 @@ async fn serve_volumes(
         max_request_bytes: config.max_request_bytes,
         only: only.clone(),
     });
+    crate::vhost_serve::check(&exports, &args.vhost).await?;
     let stop = shutdown_signal();
     // Bound before the volumes open: clients restarting with the server
     // wait in the listen backlog, not on a refused connection.

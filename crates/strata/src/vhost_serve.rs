@@ -81,15 +81,17 @@ pub fn take_inherited(
     (vhost, rest)
 }
 
-/// Refuses a `--vhost-user-socket` export that does not exist or that
-/// this server does not serve (its frontend would be refused at every
+/// Refuses, before anything is opened or bound, a malformed
+/// `--vhost-user-socket` and one whose export does not exist or that this
+/// server does not serve (its frontend would be refused at every
 /// reconnect, once a second).
-async fn check_exports(
-    exports: &VolumeExports,
-    sockets: &[(String, PathBuf)],
-) -> anyhow::Result<()> {
+pub async fn check(exports: &VolumeExports, args: &VhostArgs) -> anyhow::Result<()> {
+    let sockets = sockets(args, &[])?;
+    if sockets.is_empty() {
+        return Ok(());
+    }
     let volumes = exports.engine.list_volumes().await?;
-    for (export, path) in sockets {
+    for (export, path) in &sockets {
         let (volume, snapshot) = match export.split_once('@') {
             Some((v, s)) => (v, Some(s)),
             None => (export.as_str(), None),
@@ -121,7 +123,6 @@ pub async fn start(
     if sockets.is_empty() && args.vhost_user_dir.is_none() {
         return Ok(None);
     }
-    check_exports(&exports, &sockets).await?;
     if args.vhost_user_queues == 0 {
         bail!("--vhost-user-queues 0: at least one queue is needed");
     }

@@ -981,6 +981,18 @@ fn every_subcommand_error_is_one_line() {
         (vec!["volume", "clone", "v", "c"], "give VOLUME@SNAPSHOT"),
         (vec!["snapshot", "create", "v"], "give VOLUME@SNAPSHOT"),
         (vec!["serve", "--create", "x"], "expected NAME=SIZE"),
+        (
+            vec!["serve", "--vhost-user-socket", "nope"],
+            "expected EXPORT=PATH",
+        ),
+        (
+            vec!["serve", "--vhost-user-socket", "ghost=/nonexistent/g.sock"],
+            "no volume \"ghost\"",
+        ),
+        (
+            vec!["serve", "--vhost-user-socket", "v@nope=/nonexistent/g.sock"],
+            "has no snapshot \"nope\"",
+        ),
         // command lines clap refuses: one line too, with the usage
         (
             vec!["snapshot", "create", "v", "s"],
