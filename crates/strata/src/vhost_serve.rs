@@ -47,10 +47,11 @@ pub fn take_inherited(
     args: &VhostArgs,
     inherited: Vec<InheritedListener>,
 ) -> (HashMap<PathBuf, UnixListener>, Vec<InheritedListener>) {
-    let explicit: Vec<PathBuf> = args
-        .vhost_user_socket
-        .iter()
-        .filter_map(|s| s.split_once('=').map(|(_, p)| PathBuf::from(p)))
+    // A malformed option is refused by `check` before anything is served.
+    let explicit: Vec<PathBuf> = sockets(args, &[])
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, path)| path)
         .collect();
     let is_vhost = |p: &Path| {
         explicit.iter().any(|e| e == p)

@@ -7,6 +7,10 @@
 //! `size_bytes()` and the request limits before a method is called;
 //! implementations are shared by every queue of a connection and must
 //! allow concurrent calls.
+//!
+//! A method that fails logs why (the guest only sees IOERR); the backend
+//! logs what it refuses or fails itself (a malformed request, a guest
+//! buffer it cannot reach), and not a device's failure a second time.
 
 use std::future::Future;
 use std::io;

@@ -25,8 +25,11 @@ pub struct Outcome {
     pub status: u8,
     /// Bytes written into the guest's device-writable data buffers.
     pub written_bytes: u32,
-    /// Why the status is not OK, for the log.
+    /// Why the status is not OK.
     pub failure: Option<String>,
+    /// The device's own method failed: the device has logged it (see
+    /// `BlockDevice`), the backend does not log it again.
+    pub device_error: bool,
 }
 
 impl Outcome {
@@ -35,14 +38,25 @@ impl Outcome {
             status: VIRTIO_BLK_S_OK as u8,
             written_bytes,
             failure: None,
+            device_error: false,
         }
     }
 
+    /// IOERR for something the backend found (guest memory, shutdown).
     fn ioerr(why: String) -> Outcome {
         Outcome {
             status: VIRTIO_BLK_S_IOERR as u8,
             written_bytes: 0,
             failure: Some(why),
+            device_error: false,
+        }
+    }
+
+    /// IOERR for a failed device method.
+    fn device_failed(why: String) -> Outcome {
+        Outcome {
+            device_error: true,
+            ..Outcome::ioerr(why)
         }
     }
 }
@@ -59,7 +73,7 @@ pub async fn execute<D: BlockDevice, M: GuestMemory>(
         Op::Write { offset_bytes, data } => write(device, mem, *offset_bytes, data, budget).await,
         Op::Flush => match device.flush().await {
             Ok(()) => Outcome::ok(0),
-            Err(e) => Outcome::ioerr(format!("flush: {e}")),
+            Err(e) => Outcome::device_failed(format!("flush: {e}")),
         },
         Op::GetId { data } => {
             let mut id = device.id().into_bytes();
@@ -83,7 +97,7 @@ pub async fn execute<D: BlockDevice, M: GuestMemory>(
                 };
                 if let Err(e) = done {
                     let what = if zeroes { "write-zeroes" } else { "discard" };
-                    return Outcome::ioerr(format!(
+                    return Outcome::device_failed(format!(
                         "{what} of {} bytes at {}: {e}",
                         r.length_bytes, r.offset_bytes
                     ));
@@ -102,13 +116,12 @@ async fn read<D: BlockDevice, M: GuestMemory>(
     budget: &Semaphore,
 ) -> Outcome {
     let len = bytes_of(data);
-    device.admit(Admission::Read, len).await;
-    let Ok(_permit) = budget.acquire_many(permits(len)).await else {
-        return Outcome::ioerr("the server is stopping".to_string());
+    let (_permit, mut buf) = match buffer(device, Admission::Read, len, budget).await {
+        Ok(b) => b,
+        Err(stopping) => return stopping,
     };
-    let mut buf = vec![0u8; len as usize];
     if let Err(e) = device.read(offset_bytes, &mut buf).await {
-        return Outcome::ioerr(format!("read of {len} bytes at {offset_bytes}: {e}"));
+        return Outcome::device_failed(format!("read of {len} bytes at {offset_bytes}: {e}"));
     }
     match write_spans(mem, data, &buf) {
         Ok(()) => Outcome::ok(len as u32),
@@ -124,17 +137,32 @@ async fn write<D: BlockDevice, M: GuestMemory>(
     budget: &Semaphore,
 ) -> Outcome {
     let len = bytes_of(data);
-    device.admit(Admission::Write, len).await;
-    let Ok(_permit) = budget.acquire_many(permits(len)).await else {
-        return Outcome::ioerr("the server is stopping".to_string());
+    let (_permit, mut buf) = match buffer(device, Admission::Write, len, budget).await {
+        Ok(b) => b,
+        Err(stopping) => return stopping,
     };
-    let mut buf = vec![0u8; len as usize];
     if let Err(e) = read_spans(mem, data, &mut buf) {
         return Outcome::ioerr(format!("write of {len} bytes at {offset_bytes}: {e}"));
     }
     match device.write(offset_bytes, &buf).await {
         Ok(()) => Outcome::ok(0),
-        Err(e) => Outcome::ioerr(format!("write of {len} bytes at {offset_bytes}: {e}")),
+        Err(e) => Outcome::device_failed(format!("write of {len} bytes at {offset_bytes}: {e}")),
+    }
+}
+
+/// A request's buffer of `len` bytes, once the device's rate limits admit
+/// it and the server's byte budget has room (in that order: a request held
+/// back by its volume's limits holds no budget other volumes need).
+async fn buffer<'a, D: BlockDevice>(
+    device: &D,
+    kind: Admission,
+    len: u64,
+    budget: &'a Semaphore,
+) -> Result<(tokio::sync::SemaphorePermit<'a>, Vec<u8>), Outcome> {
+    device.admit(kind, len).await;
+    match budget.acquire_many(permits(len)).await {
+        Ok(permit) => Ok((permit, vec![0u8; len as usize])),
+        Err(_) => Err(Outcome::ioerr("the server is stopping".to_string())),
     }
 }
 

@@ -347,6 +347,7 @@ impl<D: BlockDevice> QueueState<D> {
                     status: refusal.status,
                     written_bytes: 0,
                     failure: Some(refusal.reason),
+                    device_error: false,
                 },
             };
             (head, status, kind, bytes, outcome)
@@ -380,7 +381,8 @@ impl<D: BlockDevice> QueueState<D> {
         self.shared
             .metrics
             .record(kind, ok, if ok { bytes } else { 0 });
-        if let Some(why) = &outcome.failure {
+        // A device's failure is in its own log line already.
+        if let (Some(why), false) = (&outcome.failure, outcome.device_error) {
             self.shared.log.request(self.index, "request failed", why);
         }
         let mem = self.shared.mem.memory();
