@@ -15,10 +15,13 @@
 //! * `delete_stream` counts each path as a `delete` request, without a
 //!   latency sample (the inner store may batch them).
 //! * a conditional write the store refused (`Precondition`,
-//!   `AlreadyExists`, `NotModified`) is an answer, not an error: leases,
-//!   manifests and the store probe ask such questions on purpose, and an
-//!   error counter that moves with every lease race would page someone
-//!   for nothing.
+//!   `AlreadyExists`, `NotModified`) and a "no such object" (`NotFound`)
+//!   are answers, not errors: leases, manifests and the store probe ask
+//!   such questions on purpose (every fresh start GETs a lease and a
+//!   manifest that do not exist yet), and an error counter that moves with
+//!   every start or lease race would page someone for nothing. They are
+//!   counted apart (`not_found`, `condition_failed`), so a store that
+//!   loses objects still shows.
 //! * multipart parts count as `put`; creating, completing and aborting an
 //!   upload count as `other`; `rename*` counts as `copy`.
 
@@ -37,7 +40,7 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result, UploadPart,
 };
 
-use crate::store_metrics::{OpMetrics, StoreMetrics, StoreOp};
+use crate::store_metrics::{OpMetrics, Outcome, StoreMetrics, StoreOp};
 
 /// Records a request when dropped: for streams, whose end is not awaited
 /// by the store (dropping before the end still counts the request).
@@ -51,7 +54,12 @@ struct PendingRequest {
 impl Drop for PendingRequest {
     fn drop(&mut self) {
         let latency = self.started.elapsed();
-        self.metrics.op(self.op).record(Some(latency), !self.failed);
+        let outcome = if self.failed {
+            Outcome::Failed
+        } else {
+            Outcome::Done
+        };
+        self.metrics.op(self.op).record(Some(latency), outcome);
     }
 }
 
@@ -137,20 +145,23 @@ async fn measure<R>(
     let result = request.await;
     metrics
         .op(op)
-        .record(Some(started.elapsed()), answered(&result));
+        .record(Some(started.elapsed()), outcome(&result));
     result
 }
 
-/// Whether the store answered the request (see the module doc: a refused
-/// condition is an answer).
-fn answered<R>(result: &Result<R>) -> bool {
-    matches!(
-        result,
-        Ok(_)
-            | Err(object_store::Error::Precondition { .. }
-                | object_store::Error::AlreadyExists { .. }
-                | object_store::Error::NotModified { .. })
-    )
+/// How the request ended (see the module doc: a refused condition and a
+/// missing object are answers).
+fn outcome<R>(result: &Result<R>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Done,
+        Err(object_store::Error::NotFound { .. }) => Outcome::NotFound,
+        Err(
+            object_store::Error::Precondition { .. }
+            | object_store::Error::AlreadyExists { .. }
+            | object_store::Error::NotModified { .. },
+        ) => Outcome::ConditionFailed,
+        Err(_) => Outcome::Failed,
+    }
 }
 
 impl<T: ObjectStore> fmt::Display for InstrumentedObjectStore<T> {
@@ -249,7 +260,7 @@ impl<T: ObjectStore> ObjectStore for InstrumentedObjectStore<T> {
         self.inner
             .delete_stream(locations)
             .map(move |deleted| {
-                self.op(StoreOp::Delete).record(None, deleted.is_ok());
+                self.op(StoreOp::Delete).record(None, outcome(&deleted));
                 deleted
             })
             .boxed()
@@ -383,15 +394,19 @@ mod tests {
         let s = store.metrics().snapshot();
         let counts = |m: &OpMetricsSnapshot| (m.requests, m.errors, m.bytes_read, m.bytes_written);
         assert_eq!(counts(&s.put), (4, 0, 0, 600));
-        assert_eq!(counts(&s.get), (2, 1, 300, 0));
+        assert_eq!(counts(&s.get), (2, 0, 300, 0));
         assert_eq!(counts(&s.get_range), (2, 0, 50 + 70, 0));
-        assert_eq!(counts(&s.head), (2, 1, 0, 0));
+        assert_eq!(counts(&s.head), (2, 0, 0, 0));
         assert_eq!(counts(&s.copy), (2, 0, 0, 0));
         assert_eq!(counts(&s.delete), (1, 0, 0, 0));
         assert_eq!(counts(&s.list), (2, 0, 0, 0));
         assert_eq!(counts(&s.other), (0, 0, 0, 0));
         assert_eq!(s.total_requests(), 15);
-        assert_eq!(s.total_errors(), 2);
+        // The two GET/HEAD of a missing object and the refused create are
+        // answers, counted apart, not errors.
+        assert_eq!(s.total_errors(), 0);
+        assert_eq!((s.get.not_found, s.head.not_found), (1, 1));
+        assert_eq!(s.put.condition_failed, 1);
         for (op, m) in s.ops() {
             assert!(m.latency_p50_us <= m.latency_p99_us, "{op:?}");
             assert!(m.latency_p99_us <= m.latency_max_us, "{op:?}");

@@ -135,11 +135,30 @@ fn bucket_top_us(bucket: usize) -> u64 {
     (1u64 << bucket) - 1
 }
 
+/// How a request ended, for counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The store did what was asked.
+    Done,
+    /// The store answered that the object does not exist: an answer, not an
+    /// error (strata asks on purpose, e.g. for a lease or a manifest that
+    /// is not written yet).
+    NotFound,
+    /// The store refused a conditional request because the condition did
+    /// not hold: an answer, not an error (leases and the store probe ask
+    /// such questions on purpose).
+    ConditionFailed,
+    /// Anything else: the request failed.
+    Failed,
+}
+
 /// The counters of one [`StoreOp`].
 #[derive(Debug, Default)]
 pub(crate) struct OpMetrics {
     requests: AtomicU64,
     errors: AtomicU64,
+    not_found: AtomicU64,
+    condition_failed: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     latency: LatencyHistogram,
@@ -147,10 +166,17 @@ pub(crate) struct OpMetrics {
 
 impl OpMetrics {
     /// One finished request; `latency` is `None` when it is not known.
-    pub(crate) fn record(&self, latency: Option<Duration>, succeeded: bool) {
+    pub(crate) fn record(&self, latency: Option<Duration>, outcome: Outcome) {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if !succeeded {
-            self.add_error();
+        match outcome {
+            Outcome::Done => {}
+            Outcome::NotFound => {
+                self.not_found.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::ConditionFailed => {
+                self.condition_failed.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Failed => self.add_error(),
         }
         if let Some(latency) = latency {
             let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
@@ -174,6 +200,8 @@ impl OpMetrics {
         OpMetricsSnapshot {
             requests: self.requests.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            not_found: self.not_found.load(Ordering::Relaxed),
+            condition_failed: self.condition_failed.load(Ordering::Relaxed),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             latency_p50_us: self.latency.quantile_us(0.50),
@@ -221,8 +249,14 @@ impl StoreMetrics {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct OpMetricsSnapshot {
     pub requests: u64,
-    /// Failed requests (and failed body reads of successful `get`s).
+    /// Failed requests (and failed body reads of successful `get`s). A
+    /// "not found" or a refused condition is an answer, counted below.
     pub errors: u64,
+    /// Requests the store answered with "no such object".
+    pub not_found: u64,
+    /// Conditional requests the store refused because the condition did
+    /// not hold (`If-None-Match` on an existing object, a stale `If-Match`).
+    pub condition_failed: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
     /// Estimated median latency (top of its log2 bucket).
@@ -244,6 +278,8 @@ impl Default for OpMetricsSnapshot {
         OpMetricsSnapshot {
             requests: 0,
             errors: 0,
+            not_found: 0,
+            condition_failed: 0,
             bytes_read: 0,
             bytes_written: 0,
             latency_p50_us: 0,
@@ -289,6 +325,10 @@ impl StoreMetricsSnapshot {
 
     pub fn total_errors(&self) -> u64 {
         self.ops().iter().map(|(_, m)| m.errors).sum()
+    }
+
+    pub fn total_not_found(&self) -> u64 {
+        self.ops().iter().map(|(_, m)| m.not_found).sum()
     }
 }
 
@@ -365,7 +405,7 @@ mod tests {
     fn snapshot_serialises_and_displays() {
         let metrics = StoreMetrics::new();
         let put = metrics.op(StoreOp::Put);
-        put.record(Some(Duration::from_micros(300)), true);
+        put.record(Some(Duration::from_micros(300)), Outcome::Done);
         put.add_bytes_written(10);
         let snapshot = metrics.snapshot();
         let json = serde_json::to_value(snapshot).unwrap();
@@ -389,7 +429,14 @@ mod tests {
         let metrics = StoreMetrics::new();
         for (i, op) in StoreOp::ALL.into_iter().enumerate() {
             for _ in 0..=i {
-                metrics.op(op).record(None, i % 2 == 0);
+                metrics.op(op).record(
+                    None,
+                    if i % 2 == 0 {
+                        Outcome::Done
+                    } else {
+                        Outcome::Failed
+                    },
+                );
             }
         }
         let snapshot = metrics.snapshot();

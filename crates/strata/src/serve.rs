@@ -152,9 +152,10 @@ fn summary(s: &EngineStats) -> String {
     let r = &s.store.layers;
     let (ram, disk) = (&s.read_path.ram_chunks, &s.read_path.disk_cache);
     let mut line = format!(
-        "store requests {} errors {} retries {} gave_up {}; RAM cache hits {} misses {} ({} of {} bytes); disk cache hits {} misses {} ({} of {} bytes); read-ahead {} bytes",
+        "store requests {} errors {} (not found {}) retries {} gave_up {}; RAM cache hits {} misses {} ({} of {} bytes); disk cache hits {} misses {} ({} of {} bytes); read-ahead {} bytes",
         r.requests.total_requests(),
         r.requests.total_errors(),
+        r.requests.total_not_found(),
         r.retries.retries,
         r.retries.gave_up,
         ram.hits,

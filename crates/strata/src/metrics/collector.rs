@@ -236,8 +236,20 @@ fn store_families(enc: &mut DescriptorEncoder, store: &StoreStats) -> fmt::Resul
     counters(
         enc,
         "strata_store_request_errors_total",
-        "Object store requests that failed (and failed body reads of successful gets), by operation.",
+        "Object store requests that failed (and failed body reads of successful gets), by operation. A \"no such object\" answer or a refused condition is not an error: see the next two.",
         &rows(&|m| m.errors),
+    )?;
+    counters(
+        enc,
+        "strata_store_not_found_total",
+        "Object store requests answered \"no such object\", by operation: strata asks on purpose (a lease or manifest not written yet), so a few per start are normal.",
+        &rows(&|m| m.not_found),
+    )?;
+    counters(
+        enc,
+        "strata_store_condition_failed_total",
+        "Conditional object store requests refused because the condition did not hold (If-None-Match on an existing object, a stale If-Match), by operation: lease races and the store probe ask on purpose.",
+        &rows(&|m| m.condition_failed),
     )?;
     counters(
         enc,
