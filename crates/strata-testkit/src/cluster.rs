@@ -117,6 +117,7 @@ impl MinioCluster {
                 program: bin.clone(),
                 args,
                 envs,
+                cwd: None,
                 log: dir.path().join(format!("node{}.log", i + 1)),
             };
             match Node::start(spawn, format!("http://127.0.0.1:{port}"), None) {

@@ -17,13 +17,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 
-/// What to run: a program, its arguments and extra environment, and the log
-/// file its stdout and stderr are appended to.
+/// What to run: a program, its arguments and extra environment, the
+/// directory it runs in (the test's own when `None`), and the log file its
+/// stdout and stderr are appended to.
 #[derive(Clone, Debug)]
 pub(crate) struct Spawn {
     pub program: PathBuf,
     pub args: Vec<OsString>,
     pub envs: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
     pub log: PathBuf,
 }
 
@@ -74,6 +76,9 @@ fn spawn_here(spawn: &Spawn) -> io::Result<Child> {
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);
+    if let Some(cwd) = &spawn.cwd {
+        cmd.current_dir(cwd);
+    }
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: between fork and exec the closure only makes async-signal-safe
     // system calls (prctl, getppid) and allocates nothing.

@@ -1,11 +1,14 @@
 //! Test harness for strata's S3 tests.
 //!
-//! This crate owns the real MinIO servers the test suite runs against on
-//! 127.0.0.1: finding the MinIO binary ([`minio_bin`]), starting a
-//! single-node server over http or https ([`MinioServer`]) or a 4-process
-//! erasure-coded cluster whose nodes can be killed and restarted
-//! ([`MinioCluster`]), creating buckets, and the environment a client process
-//! needs to reach them ([`MinioServer::client_env`]). [`LatencyProxy`] puts
+//! This crate owns the real S3 servers the test suite runs against on
+//! 127.0.0.1: finding the MinIO and SeaweedFS binaries ([`minio_bin`],
+//! [`seaweedfs_bin`]), starting a single-node MinIO over http or https
+//! ([`MinioServer`]), a 4-process erasure-coded MinIO cluster whose nodes
+//! can be killed and restarted ([`MinioCluster`]), or a SeaweedFS cluster
+//! with replication whose volume servers can be ([`SeaweedCluster`]),
+//! creating buckets, and the environment a client process needs to reach
+//! them ([`MinioServer::client_env`]). [`S3Impl`] picks the implementation
+//! a suite runs on (`STRATA_TEST_S3`). [`LatencyProxy`] puts
 //! latency between a client and such a server (and the
 //! `strata-latency-proxy` binary does for the benchmarks), so a store that
 //! answers in 0 ms can be measured as one that answers in 20.
@@ -29,6 +32,8 @@ mod node;
 mod pki;
 pub mod powerloss;
 mod s3;
+mod s3_service;
+mod seaweedfs;
 mod server;
 
 use std::path::PathBuf;
@@ -36,10 +41,16 @@ use std::path::PathBuf;
 pub use cluster::{MinioCluster, CLUSTER_PORTS, LOCK_PATH};
 pub use latency_proxy::{LatencyConfig, LatencyProxy, ProxyStats, Split};
 pub use pki::TestPki;
+pub use s3_service::{S3Impl, S3Service};
+pub use seaweedfs::{SeaweedCluster, VOLUME_SERVERS};
 pub use server::MinioServer;
 
 /// The pinned MinIO version `scripts/install-minio` builds.
 pub const MINIO_VERSION: &str = "v0.0.0-20260212201848-7aac2a2c5b7c";
+
+/// The pinned SeaweedFS version `scripts/install-seaweedfs` builds (the
+/// Go module's pseudo-version; `weed version` says 4.53).
+pub const SEAWEEDFS_VERSION: &str = "v0.0.0-20261109003541-7506e5f91cd6";
 
 /// Root user of every test server. Fixed: the servers only listen on
 /// 127.0.0.1 and live as long as a test.
@@ -78,26 +89,65 @@ pub fn minio_bin() -> PathBuf {
     bin
 }
 
+/// Path of the SeaweedFS binary (`weed`): `$STRATA_SEAWEEDFS_BIN` when
+/// set, else `${STRATA_TEST_CACHE:-$HOME/.cache/strata-test}/seaweedfs-<version>/weed`,
+/// where `scripts/install-seaweedfs` puts it.
+///
+/// # Panics
+/// When the binary does not exist, naming the script that installs it.
+pub fn seaweedfs_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("STRATA_SEAWEEDFS_BIN") {
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            panic!(
+                "STRATA_SEAWEEDFS_BIN={} does not exist; unset it to use the binary \
+                 scripts/install-seaweedfs installs",
+                bin.display()
+            );
+        }
+        return bin;
+    }
+    let bin = test_cache()
+        .join(format!("seaweedfs-{SEAWEEDFS_VERSION}"))
+        .join("weed");
+    if !bin.is_file() {
+        panic!(
+            "SeaweedFS binary not found at {}: run scripts/install-seaweedfs \
+             (or scripts/install-test-deps), or point STRATA_SEAWEEDFS_BIN at a weed binary",
+            bin.display()
+        );
+    }
+    bin
+}
+
 /// Where `scripts/install-minio` installs the binary (it may not exist).
 fn default_minio_bin() -> PathBuf {
-    let cache = match std::env::var_os("STRATA_TEST_CACHE") {
+    test_cache()
+        .join(format!("minio-{MINIO_VERSION}"))
+        .join("minio")
+}
+
+/// `${STRATA_TEST_CACHE:-$HOME/.cache/strata-test}`.
+fn test_cache() -> PathBuf {
+    match std::env::var_os("STRATA_TEST_CACHE") {
         Some(dir) => PathBuf::from(dir),
         None => {
             let home =
                 std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
             home.join(".cache").join("strata-test")
         }
-    };
-    cache.join(format!("minio-{MINIO_VERSION}")).join("minio")
+    }
 }
 
-/// A bucket name no earlier call in this process returned. Buckets are how
-/// tests sharing one server stay out of each other's way.
+/// A bucket name no earlier call in this process, nor any other process
+/// running now, returned (the process id is in it: test processes may
+/// share one store). Buckets are how tests sharing a server stay out of
+/// each other's way.
 fn unique_bucket_name() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("strata-test-{n}")
+    format!("strata-test-{}-{n}", std::process::id())
 }
 
 /// The client environment for an S3 endpoint: what `object_store`'s

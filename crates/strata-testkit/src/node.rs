@@ -1,9 +1,10 @@
-//! One MinIO server process.
+//! One server process of a test store (MinIO, SeaweedFS).
 //!
-//! This module owns a MinIO process's life: how it was started (so it can be
-//! started again the same way), killing it, waiting for its health endpoint,
-//! and the tail of its log for failure messages. [`crate::MinioServer`] is
-//! one node; [`crate::MinioCluster`] is four.
+//! This module owns a server process's life: how it was started (so it can
+//! be started again the same way), killing it, waiting for its health
+//! endpoint, and the tail of its log for failure messages.
+//! [`crate::MinioServer`] is one node; [`crate::MinioCluster`] is four;
+//! [`crate::SeaweedCluster`] is six of four kinds.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,8 @@ pub(crate) struct Node {
     spawn: Spawn,
     /// `http(s)://127.0.0.1:PORT`.
     base_url: String,
+    /// The path under `base_url` that answers 200 once the node serves.
+    health_path: &'static str,
     /// CA bundle that verifies the node's certificate (TLS only).
     ca: Option<PathBuf>,
     /// `None` once killed.
@@ -40,24 +43,22 @@ pub(crate) struct Node {
 pub(crate) enum NotHealthy {
     /// The process exited first.
     Exited(ExitStatus),
-    /// The deadline passed; the last status the health endpoint gave.
-    Timeout(Duration, Option<u16>),
+    /// The deadline passed; the health path asked, and the last status it
+    /// gave.
+    Timeout(Duration, &'static str, Option<u16>),
 }
 
 impl std::fmt::Display for NotHealthy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NotHealthy::Exited(status) => write!(f, "exited ({status}) before it became healthy"),
-            NotHealthy::Timeout(after, None) => {
-                write!(
-                    f,
-                    "was not healthy within {after:?}: {HEALTH_PATH} never answered"
-                )
+            NotHealthy::Timeout(after, path, None) => {
+                write!(f, "was not healthy within {after:?}: {path} never answered")
             }
-            NotHealthy::Timeout(after, Some(code)) => {
+            NotHealthy::Timeout(after, path, Some(code)) => {
                 write!(
                     f,
-                    "was not healthy within {after:?}: {HEALTH_PATH} last answered {code}"
+                    "was not healthy within {after:?}: {path} last answered {code}"
                 )
             }
         }
@@ -65,12 +66,24 @@ impl std::fmt::Display for NotHealthy {
 }
 
 impl Node {
-    /// Starts the process (not waiting for it to be healthy).
+    /// Starts a MinIO process (not waiting for it to be healthy).
     pub(crate) fn start(spawn: Spawn, base_url: String, ca: Option<PathBuf>) -> io::Result<Node> {
+        Node::start_with_health(spawn, base_url, ca, HEALTH_PATH)
+    }
+
+    /// Starts a process whose health endpoint is `health_path` (not
+    /// waiting for it to be healthy).
+    pub(crate) fn start_with_health(
+        spawn: Spawn,
+        base_url: String,
+        ca: Option<PathBuf>,
+        health_path: &'static str,
+    ) -> io::Result<Node> {
         let child = keeper::spawn(spawn.clone())?;
         Ok(Node {
             spawn,
             base_url,
+            health_path,
             ca,
             child: Mutex::new(Some(child)),
         })
@@ -137,9 +150,9 @@ impl Node {
         status
     }
 
-    /// Status of this node's cluster health endpoint, `None` if no answer.
+    /// Status of this node's health endpoint, `None` if no answer.
     pub(crate) fn health(&self) -> Option<u16> {
-        s3::http_status(&format!("{}{HEALTH_PATH}", self.base_url), self.ca())
+        s3::http_status(&format!("{}{}", self.base_url, self.health_path), self.ca())
     }
 
     /// The last lines of the node's log, for panic messages.
@@ -176,27 +189,40 @@ pub(crate) fn wait_healthy(nodes: &[&Node], timeout: Duration) -> Result<(), (us
         for (i, node) in nodes.iter().enumerate() {
             let code = node.health();
             if code != Some(200) {
-                unhealthy = Some((i, code));
+                unhealthy = Some((i, node.health_path, code));
                 break;
             }
         }
-        let Some((i, code)) = unhealthy else {
+        let Some((i, path, code)) = unhealthy else {
             return Ok(());
         };
         if Instant::now() >= deadline {
-            return Err((i, NotHealthy::Timeout(timeout, code)));
+            return Err((i, NotHealthy::Timeout(timeout, path, code)));
         }
         std::thread::sleep(POLL_INTERVAL);
     }
 }
 
 /// A TCP port on 127.0.0.1 nothing listens on right now. Racy by nature
-/// (someone may take it before MinIO binds it); callers retry when MinIO
-/// reports the address in use.
+/// (someone may take it before the server binds it); callers retry when
+/// the server reports the address in use.
 pub(crate) fn free_port() -> io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+/// `n` distinct TCP ports on 127.0.0.1 nothing listens on right now (all
+/// bound at once, so the OS cannot hand out one twice). Racy like
+/// [`free_port`].
+pub(crate) fn free_ports(n: usize) -> io::Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<io::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
 }
 
 /// The last 40 lines of a log file.

@@ -1,7 +1,7 @@
 //! The few HTTP requests the harness itself makes: health probes and signed
 //! S3 bucket and object requests.
 //!
-//! This module owns talking to MinIO from the harness. It shells out to curl
+//! This module owns talking to the test stores (MinIO, SeaweedFS) from the harness. It shells out to curl
 //! (SigV4 through `--aws-sigv4`, TLS through `--cacert`) rather than pulling
 //! an HTTP client, TLS stack and signer into the test dependencies: the
 //! harness makes a handful of requests per test, and curl is how a person
@@ -44,6 +44,25 @@ pub(crate) fn http_status(url: &str, ca: Option<&Path>) -> Option<u16> {
         Ok(0) | Err(_) => None,
         Ok(code) => Some(code),
     }
+}
+
+/// The body of `GET url` when it answers 200, `None` otherwise (unsigned:
+/// for admin endpoints such as SeaweedFS's master status).
+pub(crate) fn http_body(url: &str, ca: Option<&Path>) -> Option<String> {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--fail", "--max-time", "5"]);
+    if let Some(ca) = ca {
+        cmd.arg("--cacert").arg(ca);
+    }
+    let out = cmd
+        .arg(url)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A signed S3 request with curl; the response body on a 2xx answer, else a

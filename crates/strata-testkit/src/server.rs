@@ -296,6 +296,7 @@ fn spawn_node(
         program: bin.to_path_buf(),
         args,
         envs: server_env(),
+        cwd: None,
         log: files.log.clone(),
     };
     match Node::start(spawn, endpoint.to_owned(), files.ca()) {

@@ -607,7 +607,7 @@ fn instance_with_role(key: String, secret: String) -> HttpStub {
 /// from the same endpoint after strata's check).
 #[test]
 fn the_instance_role_is_used_when_there_are_no_keys() {
-    let s3 = S3Store::on_shared_minio("role");
+    let s3 = S3Store::on_shared("role");
     let env: std::collections::HashMap<_, _> = s3.env.iter().cloned().collect();
     let imds = instance_with_role(
         env["AWS_ACCESS_KEY_ID"].clone(),
@@ -647,7 +647,7 @@ fn the_instance_role_is_used_when_there_are_no_keys() {
 /// so one line means none).
 #[test]
 fn s3_refusals_are_one_line_and_never_retried() {
-    let s3 = S3Store::on_shared_minio("refusals");
+    let s3 = S3Store::on_shared("refusals");
     let env: std::collections::HashMap<_, _> = s3.env.iter().cloned().collect();
     let home = tempfile::TempDir::new().unwrap();
     let store = format!("{}?endpoint={}", s3.url(), s3.endpoint);

@@ -136,7 +136,7 @@ fn clones_share_a_snapshot_and_write_independently_embedded() {
 
 #[test]
 fn clones_share_a_snapshot_and_write_independently_s3() {
-    let store = S3Store::on_shared_minio("clones");
+    let store = S3Store::on_shared("clones");
     clones_share_a_snapshot_and_write_independently(Target::strata_s3(&store, &ARGS));
 }
 
@@ -286,7 +286,7 @@ fn a_clone_lives_under_another_prefix_of_the_bucket() {
     require_tools(&["qemu-io"]);
     let _serial = serial();
     let tmp = tempfile::TempDir::new().unwrap();
-    let images = S3Store::on_shared_minio("images");
+    let images = S3Store::on_shared("images");
     let vms = S3Store {
         prefix: "vms".into(),
         ..images.clone()

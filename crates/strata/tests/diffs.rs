@@ -140,7 +140,7 @@ fn export_diff_applied_to_a_copy_gives_an_identical_image_embedded() {
 
 #[test]
 fn export_diff_applied_to_a_copy_gives_an_identical_image_s3() {
-    let store = S3Store::on_shared_minio("diffs");
+    let store = S3Store::on_shared("diffs");
     diff_round_trip(Target::strata_s3(&store, &ARGS));
 }
 

@@ -38,7 +38,7 @@ fn a_fenced_servers_gc_deletes_nothing() {
     let _serial = serial();
     require_tools(&["qemu-io"]);
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("gcfence");
+    let store = S3Store::on_shared("gcfence");
     let common_args = [
         "--volume",
         "vol",

@@ -19,7 +19,7 @@ fn run(hedge: &str) -> serde_json::Value {
     let tmp = tempfile::TempDir::new().unwrap();
     let stats_path = tmp.path().join("stats.json");
     let sp = stats_path.display().to_string();
-    let store = S3Store::on_shared_minio(&format!("hedge-{hedge}"));
+    let store = S3Store::on_shared(&format!("hedge-{hedge}"));
     let args = [
         "--compression",
         "none",

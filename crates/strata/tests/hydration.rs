@@ -183,7 +183,7 @@ fn image_stopped(prefix: &str) -> Fixture {
     let tmp = tempfile::TempDir::new().unwrap();
     let stats_path = tmp.path().join("stats.json");
     let sp = stats_path.display().to_string();
-    let store = S3Store::on_shared_minio(prefix);
+    let store = S3Store::on_shared(prefix);
     let mut server = Server::start(
         tmp.path(),
         Target::strata_s3(&store, &args(&sp, "256MiB", &[])),
@@ -207,7 +207,7 @@ fn a_clone_on_a_new_host_becomes_local_then_reads_send_no_get() {
     let tmp = tempfile::TempDir::new().unwrap();
     let stats_path = tmp.path().join("stats.json");
     let sp = stats_path.display().to_string();
-    let store = S3Store::on_shared_minio("hydrate");
+    let store = S3Store::on_shared("hydrate");
     let metrics = ["--metrics-listen", "127.0.0.1:0"];
     let target = Target::strata_s3(&store, &args(&sp, "256MiB", &metrics));
     let mut server = Server::start(tmp.path(), target, &[("base", VOL)]);
@@ -371,7 +371,7 @@ fn a_profile_recorded_on_one_clone_prefetches_for_the_next() {
     let tmp = tempfile::TempDir::new().unwrap();
     let stats_path = tmp.path().join("stats.json");
     let sp = stats_path.display().to_string();
-    let store = S3Store::on_shared_minio("profiles");
+    let store = S3Store::on_shared("profiles");
     // Hydration off: what reaches the cache before a read is the profile.
     let off = args(&sp, "256MiB", &["--hydrate", "off"]);
     let mut server = Server::start(
@@ -474,7 +474,7 @@ fn an_encrypted_images_profile_is_sealed_and_prefetches_for_the_next_clone() {
         Duration::from_secs(10),
     );
     let k = key.to_str().unwrap();
-    let store = S3Store::on_shared_minio("profiles-enc");
+    let store = S3Store::on_shared("profiles-enc");
     let off = args(&sp, "256MiB", &["--hydrate", "off", "--key-file", k]);
     let mut server = Server::start(
         tmp.path(),

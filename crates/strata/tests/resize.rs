@@ -118,7 +118,7 @@ fn a_served_volume_grows_and_shrinks_when_asked_embedded() {
 
 #[test]
 fn a_served_volume_grows_and_shrinks_when_asked_s3() {
-    let store = S3Store::on_shared_minio("resize");
+    let store = S3Store::on_shared("resize");
     grow_and_shrink(Target::strata_s3(&store, &ARGS));
 }
 

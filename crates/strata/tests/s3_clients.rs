@@ -36,7 +36,7 @@ fn s3_qemu_io_unaligned_patterns_then_cold_read() {
     let _serial = serial();
     let t = Instant::now();
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("qemu-io");
+    let store = S3Store::on_shared("qemu-io");
     let (mut server, reads) = qemu_io_patterns(tmp.path(), Target::strata_s3(&store, &[]));
     assert_segments_in_bucket(&store, "vol");
     server.restart_on_new_host();
@@ -51,7 +51,7 @@ fn s3_qemu_img_and_nbdcopy_round_trip_then_cold_read() {
     let t = Instant::now();
     let tmp = tempfile::TempDir::new().unwrap();
     let work = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("copy");
+    let store = S3Store::on_shared("copy");
     // Half of copy.rs's 1 GiB: the same chunk mix, half the upload time.
     let (mut server, image) = copy_round_trip(
         tmp.path(),
@@ -71,7 +71,7 @@ fn s3_fio_random_writes_verify_crc32c_then_cold_verify() {
     let _serial = serial();
     let t = Instant::now();
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("fio");
+    let store = S3Store::on_shared("fio");
     let mut server = Server::start(
         tmp.path(),
         Target::strata_s3(&store, &[]),
@@ -99,7 +99,7 @@ fn s3_ext4_on_nbdfuse_loop_then_cold_fsck_and_files() {
     let _serial = serial();
     let t = Instant::now();
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("ext4");
+    let store = S3Store::on_shared("ext4");
     let (mut server, contents) = ext4_survives_restart(tmp.path(), Target::strata_s3(&store, &[]));
     server.restart_on_new_host();
     assert_segments_in_bucket(&store, "vol");

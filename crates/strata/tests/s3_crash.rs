@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 fn crash_then_cold(prefix: &str, mode: &str, seed: u64, rounds: &[KillAfter]) {
     let t = Instant::now();
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio(prefix);
+    let store = S3Store::on_shared(prefix);
     let target = Target::strata_s3(&store, &CRASH_SERVE_ARGS);
     let (mut server, logs) = crash_under_load(tmp.path(), target, mode, seed, rounds);
     // Everything recovered is uploaded by a clean stop; another host with
@@ -85,7 +85,7 @@ fn host_loss_writes() -> Vec<(u8, u64, u64)> {
 /// Returns the qemu-io output of reading every pattern back, and the server.
 fn host_loss(dir: &Path, prefix: &str, durability: &str) -> (std::process::Output, Server) {
     require_tools(&["qemu-io"]);
-    let store = S3Store::on_shared_minio(prefix);
+    let store = S3Store::on_shared(prefix);
     let ttl = LEASE_TTL_MS.to_string();
     let target = Target::strata_s3(
         &store,
@@ -221,7 +221,7 @@ fn s3_flushed_writes_survive_kill_9_before_the_first_upload_after_a_move() {
     let _serial = serial();
     require_tools(&["qemu-io"]);
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("moved-crash");
+    let store = S3Store::on_shared("moved-crash");
     let target = Target::strata_s3(&store, &["--volume", "vol", "--segment-age-ms", "600000"]);
     let mut server = Server::start(tmp.path(), target, &[("vol", 64 * MIB)]);
     let uri = server.vol_uri();

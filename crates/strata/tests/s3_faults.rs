@@ -55,7 +55,7 @@ fn s3_fio_verify_passes_under_injected_store_faults() {
     let _serial = serial();
     let t = Instant::now();
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("faults");
+    let store = S3Store::on_shared("faults");
     let stats = tmp.path().join("stats.json");
     let stats_arg = stats.display().to_string();
     let target = Target::strata_s3(

@@ -51,7 +51,7 @@ fn s3_second_server_is_refused_until_the_first_stops_cleanly() {
     let _serial = serial();
     let t = Instant::now();
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("lease");
+    let store = S3Store::on_shared("lease");
     let target = Target::strata_s3(&store, &["--volume", "vol"]);
     let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
     let ws = [(0x61, 0, MIB), (0x62, 5 * MIB + 3, 12345)];
@@ -148,7 +148,7 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
     let t = Instant::now();
     require_tools(&["qemu-io", "nbdinfo"]);
     let tmp = tempfile::TempDir::new().unwrap();
-    let store = S3Store::on_shared_minio("fence");
+    let store = S3Store::on_shared("fence");
     // Remote durability: what A FLUSHed is in the store when B takes over
     // (with local durability it could still be in A's journal only).
     let target = Target::strata_s3(

@@ -142,7 +142,7 @@ fn snapshot_keeps_data_through_overwrites_gc_restarts_and_deletion_embedded() {
 
 #[test]
 fn snapshot_keeps_data_through_overwrites_gc_restarts_and_deletion_s3() {
-    let store = S3Store::on_shared_minio("snapshots");
+    let store = S3Store::on_shared("snapshots");
     snapshot_keeps_data_through_overwrites_gc_restarts_and_deletion(Target::strata_s3(
         &store, &ARGS,
     ));

@@ -123,7 +123,7 @@ fn store_check_reports_good_and_bad_stores() {
     );
     assert_check_refuses(&out, &[IF_MATCH], "memory store ignoring If-Match");
 
-    let s3 = S3Store::on_shared_minio("check");
+    let s3 = S3Store::on_shared("check");
     let url = s3.url();
     assert_check_passes(
         &strata(dir, Some(&s3), "", &["store", "check", &url]),
@@ -195,7 +195,7 @@ fn serve_refuses_a_store_that_ignores_conditions() {
         "{err}"
     );
 
-    let s3 = S3Store::on_shared_minio("refuse");
+    let s3 = S3Store::on_shared("refuse");
     let url = s3.url();
     let serve = ["--store", url.as_str(), "serve", "--create", "vol=64MiB"];
     let out = strata(dir, Some(&s3), "ignore_if_match=1", &serve);

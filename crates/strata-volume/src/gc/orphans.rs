@@ -12,6 +12,14 @@
 //! older
 //! than the grace period is an orphan. The manifest and the lease are never
 //! orphans.
+//!
+//! An object's age counts from the end of the second its listed time
+//! names: S3 gives `LastModified` to the second (AWS lists `.000Z`;
+//! SeaweedFS's gateway too), so an object listed at `12:00:05` may have
+//! been written at `12:00:05.999`. Taken as exact, such a time makes every
+//! object look up to a second older than it is and shortens the grace
+//! period by as much (found on SeaweedFS: a 300 ms grace let an object
+//! written 100 ms earlier be swept).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -34,6 +42,16 @@ pub(crate) struct OrphanView<'a> {
     pub named_deltas: &'a BTreeSet<(u64, u64)>,
 }
 
+/// How precise a listed `LastModified` may be: S3's is to the second.
+pub(crate) const LISTED_TIME_PRECISION_MS: u64 = 1000;
+
+/// How long ago `o` was last written, at the least: its listed time is
+/// rounded down to [`LISTED_TIME_PRECISION_MS`] by some stores.
+fn min_age_ms(o: &ObjectMeta, now_ms: u64) -> u64 {
+    let listed_ms = o.last_modified.timestamp_millis().max(0) as u64;
+    now_ms.saturating_sub(listed_ms.saturating_add(LISTED_TIME_PRECISION_MS))
+}
+
 /// Orphans among `listing` (objects under the volume's prefix).
 pub(crate) fn find_orphans(
     names: &ObjectNames,
@@ -50,8 +68,7 @@ pub(crate) fn find_orphans(
     listing
         .iter()
         .filter(|o| {
-            let age_ms = now_ms.saturating_sub(o.last_modified.timestamp_millis().max(0) as u64);
-            if age_ms < grace_ms {
+            if min_age_ms(o, now_ms) < grace_ms {
                 return false;
             }
             if o.location.prefix_matches(&deltas) {
@@ -109,7 +126,7 @@ mod tests {
             meta(n.segment(3), 0),             // pending deletion: not an orphan
             meta(n.segment(6), 0),             // may still be uploading
             meta(n.segment(9), 0),             // beyond the open segment: orphan
-            meta(n.segment(4), 990),           // too young
+            meta(n.segment(4), 990),           // too young (listed to the second)
             meta(n.checkpoint(2), 0),          // replaced, not pending: orphan
             meta(n.checkpoint(3), 0),          // a snapshot's
             meta(n.checkpoint(5), 0),          // named
@@ -135,10 +152,11 @@ mod tests {
             kept_checkpoints: &BTreeSet::from([3]),
             named_deltas: &BTreeSet::from([(3, 1)]),
         };
-        let found: Vec<Path> = find_orphans(&n, &listing, &view, 1000, 100)
-            .into_iter()
-            .map(|o| o.location)
-            .collect();
+        let found: Vec<Path> =
+            find_orphans(&n, &listing, &view, 1000 + LISTED_TIME_PRECISION_MS, 100)
+                .into_iter()
+                .map(|o| o.location)
+                .collect();
         assert_eq!(
             found,
             vec![
@@ -147,6 +165,33 @@ mod tests {
                 n.checkpoint(2),
                 n.snapshot_delta(3, 2)
             ]
+        );
+    }
+
+    /// A store that lists times to the second: an object listed at second
+    /// S is not older than the grace period until S + 1 s + grace.
+    #[test]
+    fn a_listed_time_counts_from_the_end_of_its_second() {
+        let n = ObjectNames::new("v");
+        let stored = BTreeMap::new();
+        let view = OrphanView {
+            stored: &stored,
+            durable_seq: 0,
+            open_seq: 0,
+            manifest_checkpoint: None,
+            pending: &[],
+            kept_checkpoints: &BTreeSet::new(),
+            named_deltas: &BTreeSet::new(),
+        };
+        // Written at 5.900 s, listed as 5.000 s; grace 300 ms.
+        let listing = vec![meta(n.segment(9), 5_000)];
+        let at = |now_ms| find_orphans(&n, &listing, &view, now_ms, 300).len();
+        assert_eq!(at(6_000), 0, "100 ms after the write");
+        assert_eq!(at(6_299), 0, "399 ms after the write");
+        assert_eq!(
+            at(6_300),
+            1,
+            "past the grace period however precise the time"
         );
     }
 }

@@ -64,12 +64,15 @@ pub fn at_rest_from_env(c: &mut VolumeConfig) {
     c.key = encrypted.then(test_key);
 }
 
-/// (name, store, data dir) per backend; the tempdirs live as long as the tuple.
+/// (name, store, data dir) per backend; the tempdirs live as long as the
+/// tuple. Every S3 implementation the test kit starts is a backend: one
+/// conformance suite over every store (object_store's habit).
 pub async fn backends() -> Vec<(&'static str, Store, tempfile::TempDir)> {
     let mem_dir = tempfile::tempdir().unwrap();
     let local_dir = tempfile::tempdir().unwrap();
     let local = Store::local(&local_dir.path().join("store")).unwrap();
     let s3_dir = tempfile::tempdir().unwrap();
+    let seaweed_dir = tempfile::tempdir().unwrap();
     let faulty_dir = tempfile::tempdir().unwrap();
     // 5% of store calls fail and 2% of writes land but report an error (a
     // lost reply): the retry layer and the conditional-write checks must
@@ -85,19 +88,29 @@ pub async fn backends() -> Vec<(&'static str, Store, tempfile::TempDir)> {
         ("memory+faults", faulty, faulty_dir),
         ("local", local, local_dir),
         ("minio", minio_store().await, s3_dir),
+        (
+            "seaweedfs",
+            s3_store(strata_testkit::S3Impl::Seaweedfs).await,
+            seaweed_dir,
+        ),
     ]
 }
 
 /// A store in a fresh bucket of the test process's MinIO.
 pub async fn minio_store() -> Store {
-    let minio = tokio::task::spawn_blocking(strata_testkit::MinioServer::shared)
-        .await
-        .unwrap();
-    let bucket =
-        tokio::task::spawn_blocking(|| strata_testkit::MinioServer::shared().fresh_bucket())
-            .await
-            .unwrap();
-    let env: std::collections::HashMap<String, String> = minio.client_env().into_iter().collect();
+    s3_store(strata_testkit::S3Impl::Minio).await
+}
+
+/// A store in a fresh bucket of the test process's shared server of
+/// `implementation` (started on first use).
+pub async fn s3_store(implementation: strata_testkit::S3Impl) -> Store {
+    let (env, bucket) = tokio::task::spawn_blocking(move || {
+        let server = implementation.shared();
+        (server.client_env(), server.fresh_bucket())
+    })
+    .await
+    .unwrap();
+    let env: std::collections::HashMap<String, String> = env.into_iter().collect();
     let lookup = |k: &str| env.get(k).cloned();
     Store::s3(
         &format!("s3://{bucket}/conformance"),

@@ -384,12 +384,13 @@ impl Target {
 }
 
 // ---------------------------------------------------------------------------
-// S3 (MinIO) stores
+// S3 stores (MinIO, SeaweedFS)
 // ---------------------------------------------------------------------------
 
-/// Where a strata server keeps its volumes on S3: a fresh bucket on a MinIO
-/// of `strata-testkit` (the process-wide shared server or a cluster), and
-/// the environment (`AWS_*`) a client needs to reach it.
+/// Where a strata server keeps its volumes on S3: a fresh bucket on a
+/// server of `strata-testkit` (the process-wide shared MinIO or SeaweedFS
+/// cluster, or a MinIO cluster), and the environment (`AWS_*`) a client
+/// needs to reach it.
 #[derive(Clone, Debug)]
 pub struct S3Store {
     pub bucket: String,
@@ -401,20 +402,43 @@ pub struct S3Store {
 }
 
 impl S3Store {
+    /// A fresh bucket on the S3 server shared by the tests of this process
+    /// (started on first use, killed at exit): MinIO, or the implementation
+    /// `STRATA_TEST_S3` names (`scripts/test` runs the S3 suites again on
+    /// SeaweedFS that way).
+    pub fn on_shared(prefix: &str) -> S3Store {
+        Self::on(strata_testkit::S3Impl::from_env(), prefix)
+    }
+
     /// A fresh bucket on the MinIO server shared by the tests of this
-    /// process (started on first use, killed at exit).
+    /// process, whatever `STRATA_TEST_S3` says: for tests of MinIO itself
+    /// or of what only it is set up for here.
     pub fn on_shared_minio(prefix: &str) -> S3Store {
-        let minio = strata_testkit::MinioServer::shared();
+        Self::on(strata_testkit::S3Impl::Minio, prefix)
+    }
+
+    fn on(implementation: strata_testkit::S3Impl, prefix: &str) -> S3Store {
+        let server = implementation.shared();
         S3Store {
-            bucket: minio.fresh_bucket(),
+            bucket: server.fresh_bucket(),
             prefix: prefix.to_string(),
-            endpoint: minio.endpoint(),
-            env: minio.client_env(),
+            endpoint: server.endpoint(),
+            env: server.client_env(),
         }
     }
 
     /// A fresh bucket on a MinIO cluster; strata talks to node 1.
     pub fn on_cluster(cluster: &strata_testkit::MinioCluster, prefix: &str) -> S3Store {
+        S3Store {
+            bucket: cluster.fresh_bucket(),
+            prefix: prefix.to_string(),
+            endpoint: cluster.endpoint(),
+            env: cluster.client_env(),
+        }
+    }
+
+    /// A fresh bucket on a SeaweedFS cluster, through its S3 gateway.
+    pub fn on_seaweed_cluster(cluster: &strata_testkit::SeaweedCluster, prefix: &str) -> S3Store {
         S3Store {
             bucket: cluster.fresh_bucket(),
             prefix: prefix.to_string(),
