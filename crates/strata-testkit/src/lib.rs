@@ -35,6 +35,7 @@ mod s3;
 mod s3_service;
 mod seaweedfs;
 mod server;
+mod versitygw;
 
 use std::path::PathBuf;
 
@@ -44,6 +45,7 @@ pub use pki::TestPki;
 pub use s3_service::{S3Impl, S3Service};
 pub use seaweedfs::{SeaweedCluster, VOLUME_SERVERS};
 pub use server::MinioServer;
+pub use versitygw::VersitygwServer;
 
 /// The pinned MinIO version `scripts/install-minio` builds.
 pub const MINIO_VERSION: &str = "v0.0.0-20260212201848-7aac2a2c5b7c";
@@ -89,6 +91,50 @@ pub fn minio_bin() -> PathBuf {
     bin
 }
 
+/// The pinned versitygw version `scripts/install-versitygw` builds.
+pub const VERSITYGW_VERSION: &str = "v1.8.0";
+
+/// Path of the versitygw binary: `$STRATA_VERSITYGW_BIN` when set, else
+/// `${STRATA_TEST_CACHE:-$HOME/.cache/strata-test}/versitygw-<version>/versitygw`,
+/// where `scripts/install-versitygw` puts it.
+///
+/// # Panics
+/// When the binary does not exist, naming the script that installs it.
+pub fn versitygw_bin() -> PathBuf {
+    cached_bin(
+        "STRATA_VERSITYGW_BIN",
+        &format!("versitygw-{VERSITYGW_VERSION}"),
+        "versitygw",
+        "scripts/install-versitygw",
+    )
+}
+
+/// `$VARIABLE` when set, else `<test cache>/<dir>/<name>`.
+///
+/// # Panics
+/// When the binary does not exist, naming `script`.
+fn cached_bin(variable: &str, dir: &str, name: &str, script: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(variable) {
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            panic!(
+                "{variable}={} does not exist; unset it to use the binary {script} installs",
+                bin.display()
+            );
+        }
+        return bin;
+    }
+    let bin = test_cache().join(dir).join(name);
+    if !bin.is_file() {
+        panic!(
+            "{name} not found at {}: run {script} (or scripts/install-test-deps), \
+             or point {variable} at a {name} binary",
+            bin.display()
+        );
+    }
+    bin
+}
+
 /// Path of the SeaweedFS binary (`weed`): `$STRATA_SEAWEEDFS_BIN` when
 /// set, else `${STRATA_TEST_CACHE:-$HOME/.cache/strata-test}/seaweedfs-<version>/weed`,
 /// where `scripts/install-seaweedfs` puts it.
@@ -96,28 +142,12 @@ pub fn minio_bin() -> PathBuf {
 /// # Panics
 /// When the binary does not exist, naming the script that installs it.
 pub fn seaweedfs_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("STRATA_SEAWEEDFS_BIN") {
-        let bin = PathBuf::from(bin);
-        if !bin.is_file() {
-            panic!(
-                "STRATA_SEAWEEDFS_BIN={} does not exist; unset it to use the binary \
-                 scripts/install-seaweedfs installs",
-                bin.display()
-            );
-        }
-        return bin;
-    }
-    let bin = test_cache()
-        .join(format!("seaweedfs-{SEAWEEDFS_VERSION}"))
-        .join("weed");
-    if !bin.is_file() {
-        panic!(
-            "SeaweedFS binary not found at {}: run scripts/install-seaweedfs \
-             (or scripts/install-test-deps), or point STRATA_SEAWEEDFS_BIN at a weed binary",
-            bin.display()
-        );
-    }
-    bin
+    cached_bin(
+        "STRATA_SEAWEEDFS_BIN",
+        &format!("seaweedfs-{SEAWEEDFS_VERSION}"),
+        "weed",
+        "scripts/install-seaweedfs",
+    )
 }
 
 /// Where `scripts/install-minio` installs the binary (it may not exist).

@@ -91,17 +91,18 @@ pub(crate) fn request(
     if let Some(ca) = ca {
         cmd.arg("--cacert").arg(ca);
     }
+    // curl 7.88 signs a body's hash without sending it as
+    // x-amz-content-sha256, which MinIO then rejects (SignatureDoesNotMatch)
+    // and versitygw refuses even without a body ("Missing required header");
+    // declaring the payload unsigned is what S3 clients do over TLS, and
+    // GET-after-PUT compares bytes anyway.
+    cmd.args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]);
     if body.is_some() {
-        // curl 7.88 signs a body's hash without sending it as
-        // x-amz-content-sha256, which MinIO then rejects (SignatureDoesNotMatch);
-        // declaring the payload unsigned is what S3 clients do over TLS, and
-        // GET-after-PUT compares bytes anyway. --data-binary, not -T: it
-        // sends a Content-Length, which an S3 PUT needs.
+        // --data-binary, not -T: it sends a Content-Length, which an S3 PUT
+        // needs.
         cmd.args([
             "--data-binary",
             "@-",
-            "-H",
-            "x-amz-content-sha256: UNSIGNED-PAYLOAD",
             "-H",
             "Content-Type: application/octet-stream",
         ]);

@@ -9,7 +9,7 @@
 
 use std::sync::OnceLock;
 
-use crate::{MinioServer, SeaweedCluster};
+use crate::{MinioServer, SeaweedCluster, VersitygwServer};
 
 /// An S3 implementation the test kit starts on 127.0.0.1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,14 +19,16 @@ pub enum S3Impl {
     /// A SeaweedFS cluster: master, three volume servers with replication,
     /// filer, S3 gateway ([`SeaweedCluster`]).
     Seaweedfs,
+    /// versitygw with its POSIX backend ([`VersitygwServer`]).
+    Versitygw,
 }
 
 impl S3Impl {
     /// Every implementation, in the order the README's table lists them.
-    pub const ALL: [S3Impl; 2] = [S3Impl::Minio, S3Impl::Seaweedfs];
+    pub const ALL: [S3Impl; 3] = [S3Impl::Minio, S3Impl::Seaweedfs, S3Impl::Versitygw];
 
-    /// `STRATA_TEST_S3`: `minio` (the default when unset or empty) or
-    /// `seaweedfs`.
+    /// `STRATA_TEST_S3`: `minio` (the default when unset or empty),
+    /// `seaweedfs` or `versitygw`.
     ///
     /// # Panics
     /// On any other value, naming the ones it takes.
@@ -34,7 +36,7 @@ impl S3Impl {
         let value = std::env::var("STRATA_TEST_S3").unwrap_or_default();
         match S3Impl::parse(&value) {
             Some(i) => i,
-            None => panic!("STRATA_TEST_S3={value:?}: use minio or seaweedfs"),
+            None => panic!("STRATA_TEST_S3={value:?}: use minio, seaweedfs or versitygw"),
         }
     }
 
@@ -43,6 +45,7 @@ impl S3Impl {
         match name {
             "" | "minio" => Some(S3Impl::Minio),
             "seaweedfs" => Some(S3Impl::Seaweedfs),
+            "versitygw" => Some(S3Impl::Versitygw),
             _ => None,
         }
     }
@@ -51,6 +54,7 @@ impl S3Impl {
         match self {
             S3Impl::Minio => "minio",
             S3Impl::Seaweedfs => "seaweedfs",
+            S3Impl::Versitygw => "versitygw",
         }
     }
 
@@ -72,6 +76,7 @@ impl S3Impl {
                 Some(running) => running,
                 None => SeaweedCluster::shared(),
             },
+            S3Impl::Versitygw => VersitygwServer::shared(),
         }
     }
 
@@ -80,6 +85,7 @@ impl S3Impl {
         match self {
             S3Impl::Minio => "STRATA_TEST_MINIO_ENDPOINT",
             S3Impl::Seaweedfs => "STRATA_TEST_SEAWEEDFS_ENDPOINT",
+            S3Impl::Versitygw => "STRATA_TEST_VERSITYGW_ENDPOINT",
         }
     }
 }
@@ -98,7 +104,7 @@ impl RunningStore {
         static SEAWEEDFS: OnceLock<Option<RunningStore>> = OnceLock::new();
         let cell = match implementation {
             S3Impl::Seaweedfs => &SEAWEEDFS,
-            S3Impl::Minio => return None,
+            S3Impl::Minio | S3Impl::Versitygw => return None,
         };
         cell.get_or_init(|| {
             let endpoint = std::env::var(implementation.endpoint_variable()).ok()?;
@@ -200,5 +206,26 @@ impl S3Service for SeaweedCluster {
     }
     fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
         SeaweedCluster::get_object(self, bucket, key)
+    }
+}
+
+impl S3Service for VersitygwServer {
+    fn implementation(&self) -> S3Impl {
+        S3Impl::Versitygw
+    }
+    fn endpoint(&self) -> String {
+        VersitygwServer::endpoint(self)
+    }
+    fn client_env(&self) -> Vec<(String, String)> {
+        VersitygwServer::client_env(self)
+    }
+    fn fresh_bucket(&self) -> String {
+        VersitygwServer::fresh_bucket(self)
+    }
+    fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
+        VersitygwServer::put_object(self, bucket, key, data)
+    }
+    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
+        VersitygwServer::get_object(self, bucket, key)
     }
 }

@@ -73,6 +73,7 @@ pub async fn backends() -> Vec<(&'static str, Store, tempfile::TempDir)> {
     let local = Store::local(&local_dir.path().join("store")).unwrap();
     let s3_dir = tempfile::tempdir().unwrap();
     let seaweed_dir = tempfile::tempdir().unwrap();
+    let versity_dir = tempfile::tempdir().unwrap();
     let faulty_dir = tempfile::tempdir().unwrap();
     // 5% of store calls fail and 2% of writes land but report an error (a
     // lost reply): the retry layer and the conditional-write checks must
@@ -92,6 +93,11 @@ pub async fn backends() -> Vec<(&'static str, Store, tempfile::TempDir)> {
             "seaweedfs",
             s3_store(strata_testkit::S3Impl::Seaweedfs).await,
             seaweed_dir,
+        ),
+        (
+            "versitygw",
+            s3_store(strata_testkit::S3Impl::Versitygw).await,
+            versity_dir,
         ),
     ]
 }

@@ -512,17 +512,7 @@ impl S3Store {
         };
         let url = format!("{}/{}/{key}", self.endpoint, self.bucket);
         let data = format!("@{}", file.path().display());
-        self.curl_with(
-            &url,
-            &[
-                "-X",
-                "PUT",
-                "-H",
-                "x-amz-content-sha256: UNSIGNED-PAYLOAD",
-                "--data-binary",
-                &data,
-            ],
-        );
+        self.curl_with(&url, &["-X", "PUT", "--data-binary", &data]);
     }
 
     /// A signed GET with curl; panics unless it answers 2xx.
@@ -546,6 +536,9 @@ impl S3Store {
                 .arg(user)
                 .arg("--aws-sigv4")
                 .arg(sigv4)
+                // curl signs the payload's hash without sending it; versitygw
+                // (as AWS) refuses a request without the header.
+                .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
                 .args(extra)
                 .arg(url),
             Duration::from_secs(150),
