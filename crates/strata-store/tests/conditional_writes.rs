@@ -17,7 +17,7 @@ use strata_store::{
     probe_conditional_writes, remembered_or_probed, Condition, FaultConfig, LayerConfig,
     ProbeReport, Store, Verdict, VerdictSource, PROBE_PREFIX, STORE_CHECK_OBJECT,
 };
-use strata_testkit::MinioServer;
+use strata_testkit::{MinioServer, S3Impl};
 
 fn layers(faults: &str) -> LayerConfig {
     LayerConfig {
@@ -32,6 +32,20 @@ async fn minio_store(faults: &str) -> Store {
     let lookup = |k: &str| env.get(k).cloned();
     let spec = format!("s3://{}/p", minio.fresh_bucket());
     Store::s3(&spec, &lookup, &layers(faults)).await.unwrap()
+}
+
+/// A store in a fresh bucket of the shared server of `implementation`.
+async fn s3_store(implementation: S3Impl) -> Store {
+    let (env, bucket) = tokio::task::spawn_blocking(move || {
+        let server = implementation.shared();
+        (server.client_env(), server.fresh_bucket())
+    })
+    .await
+    .unwrap();
+    let env: HashMap<String, String> = env.into_iter().collect();
+    let lookup = |k: &str| env.get(k).cloned();
+    let spec = format!("s3://{bucket}/p");
+    Store::s3(&spec, &lookup, &layers("")).await.unwrap()
 }
 
 /// Objects left under the probe's prefix.
@@ -70,6 +84,24 @@ async fn minio_enforces_both_conditions() {
     assert_safe(&report);
     assert!(report.if_match.detail.contains("ETag"), "{report:#?}");
     assert_eq!(leftovers(&store).await, Vec::<String>::new());
+}
+
+/// The probe decides whether the suites may run on a store: every S3
+/// implementation the suites run on must pass it (a release that stops
+/// enforcing a condition fails here, with what it lacks).
+#[tokio::test]
+async fn every_s3_implementation_of_the_suite_enforces_both_conditions() {
+    for implementation in S3Impl::ALL {
+        let store = s3_store(implementation).await;
+        let report = probe_conditional_writes(&store).await.unwrap();
+        assert!(report.is_safe(), "{}: {report:#?}", implementation.name());
+        assert_eq!(
+            leftovers(&store).await,
+            Vec::<String>::new(),
+            "{}",
+            implementation.name()
+        );
+    }
 }
 
 #[tokio::test]

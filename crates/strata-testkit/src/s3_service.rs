@@ -7,7 +7,7 @@
 //! another, so `scripts/test` runs the same suites again on SeaweedFS (the
 //! habit of object_store's one conformance suite over every backend).
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::{MinioServer, SeaweedCluster, VersitygwServer};
 
@@ -91,17 +91,22 @@ impl S3Impl {
 }
 
 /// A store started by another process (`strata-test-store`), reached at
-/// the endpoint its variable names, with the test credentials.
+/// the endpoint its variable names, with the test credentials. The buckets
+/// this process made are deleted, with what they hold, when it exits: a
+/// store shared by a whole test run would otherwise keep every test's data
+/// (about 12 GB on SeaweedFS, two copies of everything, for one
+/// `scripts/test`), and SeaweedFS gives deleted objects' space back only
+/// when their bucket's volumes go.
 struct RunningStore {
     implementation: S3Impl,
     endpoint: String,
+    buckets: Mutex<Vec<String>>,
 }
 
 impl RunningStore {
     /// The store `implementation.endpoint_variable()` names, if set (one
     /// per implementation and process).
     fn from_env(implementation: S3Impl) -> Option<&'static RunningStore> {
-        static SEAWEEDFS: OnceLock<Option<RunningStore>> = OnceLock::new();
         let cell = match implementation {
             S3Impl::Seaweedfs => &SEAWEEDFS,
             S3Impl::Minio | S3Impl::Versitygw => return None,
@@ -119,13 +124,39 @@ impl RunningStore {
                 implementation.name(),
                 implementation.endpoint_variable()
             );
+            // SAFETY: registering a plain extern "C" fn with no captures.
+            if unsafe { libc::atexit(drop_running_buckets) } != 0 {
+                eprintln!("strata-testkit: atexit failed; this process's buckets will stay");
+            }
             Some(RunningStore {
                 implementation,
                 endpoint,
+                buckets: Mutex::new(Vec::new()),
             })
         })
         .as_ref()
     }
+}
+
+/// The running stores this process used (see [`RunningStore::from_env`]).
+static SEAWEEDFS: OnceLock<Option<RunningStore>> = OnceLock::new();
+
+extern "C" fn drop_running_buckets() {
+    // Nothing may unwind out of an exit handler.
+    let _ = std::panic::catch_unwind(|| {
+        let Some(Some(store)) = SEAWEEDFS.get() else {
+            return;
+        };
+        let buckets = match store.buckets.try_lock() {
+            Ok(mut buckets) => std::mem::take(&mut *buckets),
+            Err(_) => return,
+        };
+        for bucket in buckets {
+            if let Err(e) = crate::s3::request(&store.endpoint, None, "DELETE", &bucket, None) {
+                eprintln!("strata-testkit: could not delete bucket {bucket}: {e}");
+            }
+        }
+    });
 }
 
 impl S3Service for RunningStore {
@@ -141,6 +172,10 @@ impl S3Service for RunningStore {
     fn fresh_bucket(&self) -> String {
         let name = crate::unique_bucket_name();
         crate::s3::create_bucket(&self.endpoint, None, &name);
+        self.buckets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(name.clone());
         name
     }
     fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {

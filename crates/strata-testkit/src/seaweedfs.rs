@@ -403,6 +403,10 @@ fn start_in(bin: &Path, dir: TempDir, ports: Ports) -> Result<SeaweedCluster, St
     s3_args.extend([
         format!("-filer=127.0.0.1:{}.{}", ports.filer.0, ports.filer.1),
         format!("-config={}", s3_config.display()),
+        // Processes sharing the cluster drop their buckets at exit (see
+        // s3_service.rs); deleted objects' space comes back only when a
+        // bucket's collection goes.
+        "-allowDeleteBucketNotEmpty=true".to_owned(),
         // Off: they would listen on fixed ports (8181, 9101).
         "-port.iceberg=0".to_owned(),
         "-port.lance=0".to_owned(),
