@@ -56,12 +56,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Block the stop signals before any thread starts, so every thread
-    // inherits the mask and only sigwait below receives them.
-    let mut set = stop_signals();
-    // SAFETY: set is a valid, initialised sigset_t.
-    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
-        eprintln!("strata-latency-proxy: cannot block SIGTERM/SIGINT");
+    // Before any thread starts: every thread inherits the mask.
+    if let Err(e) = strata_testkit::stop_signal::block_stop_signals() {
+        eprintln!("strata-latency-proxy: {e}");
         return ExitCode::FAILURE;
     }
     let proxy = match LatencyProxy::start_on(listen, upstream, cfg) {
@@ -89,15 +86,7 @@ fn main() -> ExitCode {
         c.split,
         c.seed
     );
-    let mut sig: libc::c_int = 0;
-    loop {
-        // SAFETY: set and sig are valid for the call.
-        let r = unsafe { libc::sigwait(&set, &mut sig) };
-        if r == 0 {
-            break;
-        }
-        set = stop_signals();
-    }
+    let sig = strata_testkit::stop_signal::wait_for_stop_signal();
     let s = proxy.stats();
     drop(proxy);
     eprintln!(
@@ -106,17 +95,6 @@ fn main() -> ExitCode {
         s.connections, s.upstream_connect_errors, s.bytes_to_upstream, s.bytes_to_client
     );
     ExitCode::SUCCESS
-}
-
-fn stop_signals() -> libc::sigset_t {
-    // SAFETY: sigemptyset initialises the set; sigaddset only adds to it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        set
-    }
 }
 
 fn parse(args: &[String]) -> Result<(SocketAddr, SocketAddr, LatencyConfig), String> {

@@ -33,12 +33,9 @@ fn main() -> ExitCode {
         eprintln!("strata-test-store: expected one argument, seaweedfs\n{USAGE}");
         return ExitCode::from(2);
     }
-    // Block the stop signals before any thread starts, so every thread
-    // inherits the mask and only sigwait below receives them.
-    let mut set = stop_signals();
-    // SAFETY: set is a valid, initialised sigset_t.
-    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
-        eprintln!("strata-test-store: cannot block SIGTERM/SIGINT");
+    // Before any thread starts: every thread inherits the mask.
+    if let Err(e) = strata_testkit::stop_signal::block_stop_signals() {
+        eprintln!("strata-test-store: {e}");
         return ExitCode::FAILURE;
     }
     // Panics (with the logs' tails) when the cluster does not start.
@@ -51,27 +48,8 @@ fn main() -> ExitCode {
         eprintln!("strata-test-store: cannot write to stdout");
         return ExitCode::FAILURE;
     }
-    let mut sig: libc::c_int = 0;
-    loop {
-        // SAFETY: set and sig are valid for the call.
-        let r = unsafe { libc::sigwait(&set, &mut sig) };
-        if r == 0 {
-            break;
-        }
-        set = stop_signals();
-    }
+    let sig = strata_testkit::stop_signal::wait_for_stop_signal();
     eprintln!("strata-test-store: signal {sig}: stopping");
     drop(store);
     ExitCode::SUCCESS
-}
-
-fn stop_signals() -> libc::sigset_t {
-    // SAFETY: sigemptyset initialises the set; sigaddset only adds to it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        set
-    }
 }
