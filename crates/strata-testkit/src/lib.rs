@@ -35,6 +35,7 @@ mod s3;
 mod s3_service;
 mod seaweedfs;
 mod server;
+mod shared_store;
 pub mod stop_signal;
 mod versitygw;
 

@@ -28,7 +28,7 @@ use tempfile::TempDir;
 
 use crate::keeper::Spawn;
 use crate::node::{self, Node};
-use crate::{s3, ACCESS_KEY, SECRET_KEY};
+use crate::{s3, S3Impl, S3Service, ACCESS_KEY, SECRET_KEY};
 
 /// Volume servers in the cluster.
 pub const VOLUME_SERVERS: usize = 3;
@@ -172,55 +172,10 @@ impl SeaweedCluster {
         })
     }
 
-    /// The S3 gateway, `http://127.0.0.1:PORT`.
-    pub fn endpoint(&self) -> String {
-        self.endpoint.clone()
-    }
-
-    /// Environment for a client process, as [`crate::MinioServer::client_env`].
-    pub fn client_env(&self) -> Vec<(String, String)> {
-        crate::client_env(&self.endpoint, None)
-    }
-
     /// The directory holding every process's data and log
     /// (`master.log`, `volume1.log`.., `filer.log`, `s3.log`).
     pub fn dir(&self) -> &Path {
         self.dir.path()
-    }
-
-    /// Creates bucket `name` through the gateway.
-    ///
-    /// # Panics
-    /// When the gateway refuses, with its error.
-    pub fn create_bucket(&self, name: &str) {
-        s3::create_bucket(&self.endpoint, None, name);
-    }
-
-    /// Creates a bucket with a name no other call in this process got, and
-    /// returns the name.
-    ///
-    /// # Panics
-    /// As [`SeaweedCluster::create_bucket`].
-    pub fn fresh_bucket(&self) -> String {
-        let name = crate::unique_bucket_name();
-        self.create_bucket(&name);
-        name
-    }
-
-    /// Stores `data` at `bucket/key`.
-    ///
-    /// # Panics
-    /// When the gateway refuses, with its error.
-    pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
-        s3::put_object(&self.endpoint, None, bucket, key, data);
-    }
-
-    /// The bytes at `bucket/key`.
-    ///
-    /// # Panics
-    /// When the gateway refuses, with its error.
-    pub fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
-        s3::get_object(&self.endpoint, None, bucket, key)
     }
 
     /// SIGKILLs volume server `n` (1..=3) and reaps it. The master notices
@@ -291,6 +246,29 @@ impl SeaweedCluster {
             Some(node) => node,
             None => panic!("SeaweedFS volume server {n} does not exist (1..={VOLUME_SERVERS})"),
         }
+    }
+}
+
+impl S3Service for SeaweedCluster {
+    fn implementation(&self) -> S3Impl {
+        S3Impl::Seaweedfs
+    }
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+    fn client_env(&self) -> Vec<(String, String)> {
+        crate::client_env(&self.endpoint, None)
+    }
+    fn fresh_bucket(&self) -> String {
+        let name = crate::unique_bucket_name();
+        s3::create_bucket(&self.endpoint, None, &name);
+        name
+    }
+    fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
+        s3::put_object(&self.endpoint, None, bucket, key, data);
+    }
+    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
+        s3::get_object(&self.endpoint, None, bucket, key)
     }
 }
 

@@ -18,7 +18,7 @@ use tempfile::TempDir;
 
 use crate::keeper::Spawn;
 use crate::node::{self, Node, NotHealthy, HEALTHY_TIMEOUT};
-use crate::{s3, ACCESS_KEY, REGION, SECRET_KEY};
+use crate::{s3, S3Impl, S3Service, ACCESS_KEY, REGION, SECRET_KEY};
 
 /// Start attempts: a retry only follows the gateway finding its freshly
 /// picked port taken by someone else in the meantime.
@@ -150,34 +150,27 @@ impl VersitygwServer {
             server
         })
     }
+}
 
-    /// `http://127.0.0.1:PORT`.
-    pub fn endpoint(&self) -> String {
+impl S3Service for VersitygwServer {
+    fn implementation(&self) -> S3Impl {
+        S3Impl::Versitygw
+    }
+    fn endpoint(&self) -> String {
         self.endpoint.clone()
     }
-
-    /// Environment for a client process, as [`crate::MinioServer::client_env`].
-    pub fn client_env(&self) -> Vec<(String, String)> {
+    fn client_env(&self) -> Vec<(String, String)> {
         crate::client_env(&self.endpoint, None)
     }
-
-    /// Creates a bucket with a name no other call got, and returns it.
-    ///
-    /// # Panics
-    /// When the gateway refuses, with its error.
-    pub fn fresh_bucket(&self) -> String {
+    fn fresh_bucket(&self) -> String {
         let name = crate::unique_bucket_name();
         s3::create_bucket(&self.endpoint, None, &name);
         name
     }
-
-    /// Stores `data` at `bucket/key`.
-    pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
+    fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
         s3::put_object(&self.endpoint, None, bucket, key, data);
     }
-
-    /// The bytes at `bucket/key`.
-    pub fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
+    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
         s3::get_object(&self.endpoint, None, bucket, key)
     }
 }

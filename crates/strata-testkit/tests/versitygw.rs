@@ -2,7 +2,7 @@
 //! round-trip, and buckets keep tests apart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use strata_testkit::VersitygwServer;
+use strata_testkit::{S3Service, VersitygwServer};
 
 #[test]
 fn gateway_stores_and_returns_objects() {

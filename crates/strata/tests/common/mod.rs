@@ -439,6 +439,7 @@ impl S3Store {
 
     /// A fresh bucket on a SeaweedFS cluster, through its S3 gateway.
     pub fn on_seaweed_cluster(cluster: &strata_testkit::SeaweedCluster, prefix: &str) -> S3Store {
+        use strata_testkit::S3Service;
         S3Store {
             bucket: cluster.fresh_bucket(),
             prefix: prefix.to_string(),
