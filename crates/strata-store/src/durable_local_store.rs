@@ -27,6 +27,7 @@ use std::io::Write;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
+use crate::recycled_files::{RecycledFiles, MIN_RECYCLE_BYTES};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use object_store::path::Path;
@@ -42,12 +43,26 @@ const STORE: &str = "LocalFileSystem";
 pub struct DurableLocalStore {
     inner: Arc<dyn ObjectStore>,
     root: PathBuf,
+    /// Files of deleted objects, overwritten by new ones
+    /// (`recycled_files.rs`); `None` when the budget is 0.
+    recycle: Option<Arc<RecycledFiles>>,
 }
 
 impl DurableLocalStore {
-    /// `inner`: a `LocalFileSystem` whose prefix is `root`.
+    /// `inner`: a `LocalFileSystem` whose prefix is `root`; no recycling.
     pub fn new(inner: Arc<dyn ObjectStore>, root: PathBuf) -> DurableLocalStore {
-        DurableLocalStore { inner, root }
+        DurableLocalStore {
+            inner,
+            root,
+            recycle: None,
+        }
+    }
+
+    /// Deleted large objects' files are kept (up to the pool's budget) and
+    /// overwritten by new large objects.
+    pub(crate) fn with_recycling(mut self, recycle: Arc<RecycledFiles>) -> DurableLocalStore {
+        self.recycle = Some(recycle);
+        self
     }
 }
 
@@ -138,6 +153,7 @@ fn put_durably(
     location: &Path,
     payload: PutPayload,
     create: bool,
+    recycle: Option<&RecycledFiles>,
 ) -> Result<PutResult> {
     let path = root.join(location.as_ref());
     let Some(dir) = path.parent() else {
@@ -149,15 +165,35 @@ fn put_durably(
     };
     create_dirs_durably(root, dir).map_err(|e| io_error("create directory", dir, e))?;
     let (mut file, staging) = staging_file(&path).map_err(|e| io_error("create", &path, e))?;
+    let len = payload.content_length() as u64;
+    // A large create-only PUT (a segment) overwrites a recycled file:
+    // pages and blocks the kernel already has. Only create-only PUTs, so a
+    // compare-and-swap's ETag (inode, mtime, size) is never a reused one.
+    let recycled = match recycle.filter(|_| create && len >= MIN_RECYCLE_BYTES) {
+        Some(r) => r.take(&staging).map_err(|e| {
+            let _ = std::fs::remove_file(&staging);
+            io_error("reuse a recycled file as", &staging, e)
+        })?,
+        None => None,
+    };
+    let reused = recycled.is_some();
+    if let Some(f) = recycled {
+        file = f;
+    }
     let written = payload
         .iter()
         .try_for_each(|chunk| file.write_all(chunk))
+        // A recycled file may be longer than the new object.
+        .and_then(|()| if reused { file.set_len(len) } else { Ok(()) })
         .and_then(|()| file.sync_all())
         .and_then(|()| file.metadata());
     let meta = match written {
         Ok(m) => m,
         Err(e) => {
             let _ = std::fs::remove_file(&staging);
+            if let (Some(r), Some(libc::ENOSPC)) = (recycle, e.raw_os_error()) {
+                r.drain();
+            }
             return Err(io_error("write", &staging, e));
         }
     };
@@ -207,12 +243,15 @@ impl ObjectStore for DurableLocalStore {
             return Err(Error::NotImplemented);
         }
         let (root, location) = (self.root.clone(), location.clone());
-        tokio::task::spawn_blocking(move || put_durably(&root, &location, payload, create))
-            .await
-            .map_err(|e| Error::Generic {
-                store: STORE,
-                source: Box::new(e),
-            })?
+        let recycle = self.recycle.clone();
+        tokio::task::spawn_blocking(move || {
+            put_durably(&root, &location, payload, create, recycle.as_deref())
+        })
+        .await
+        .map_err(|e| Error::Generic {
+            store: STORE,
+            source: Box::new(e),
+        })?
     }
 
     async fn put_multipart_opts(
@@ -228,6 +267,15 @@ impl ObjectStore for DurableLocalStore {
     }
 
     async fn delete(&self, location: &Path) -> Result<()> {
+        if let Some(recycle) = self.recycle.clone() {
+            let path = self.root.join(location.as_ref());
+            let kept = tokio::task::spawn_blocking(move || recycle.keep(&path)).await;
+            if let Ok(Ok(true)) = kept {
+                return Ok(());
+            }
+            // Not kept (small, pool full) or not there: unlinked as before,
+            // with `LocalFileSystem`'s answers (NotFound included).
+        }
         self.inner.delete(location).await
     }
 
@@ -251,11 +299,170 @@ impl ObjectStore for DurableLocalStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recycled_files::RECYCLE_DIR;
+    use futures::StreamExt;
     use object_store::local::LocalFileSystem;
 
     fn store(dir: &FsPath) -> DurableLocalStore {
         let fs = LocalFileSystem::new_with_prefix(dir).unwrap();
         DurableLocalStore::new(Arc::new(fs), dir.to_path_buf())
+    }
+
+    fn recycling_store(dir: &FsPath, budget_bytes: u64) -> (DurableLocalStore, Arc<RecycledFiles>) {
+        let pool = RecycledFiles::open(dir, budget_bytes).unwrap().unwrap();
+        (store(dir).with_recycling(pool.clone()), pool)
+    }
+
+    fn create() -> PutOptions {
+        PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        }
+    }
+
+    fn inode(path: &FsPath) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().ino()
+    }
+
+    #[tokio::test]
+    async fn a_deleted_segment_file_is_overwritten_by_the_next_and_never_shows_old_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, pool) = recycling_store(dir.path(), 64 << 20);
+        let old = Path::from("vol/segments/0001");
+        let old_bytes = vec![0xAAu8; 3 << 20];
+        s.put_opts(&old, old_bytes.clone().into(), create())
+            .await
+            .unwrap();
+        let old_inode = inode(&dir.path().join("vol/segments/0001"));
+        s.delete(&old).await.unwrap();
+        assert!(matches!(s.get(&old).await, Err(Error::NotFound { .. })));
+        assert_eq!(pool.snapshot().pool_files, 1);
+        // Shorter than the old object: the file is cut to the new length.
+        let new = Path::from("vol/segments/0002");
+        let new_bytes = vec![0x55u8; 2 << 20];
+        s.put_opts(&new, new_bytes.clone().into(), create())
+            .await
+            .unwrap();
+        let got = s.get(&new).await.unwrap().bytes().await.unwrap();
+        assert_eq!(got.len(), new_bytes.len());
+        assert!(got.iter().all(|&b| b == 0x55), "old bytes showed through");
+        assert_eq!(
+            inode(&dir.path().join("vol/segments/0002")),
+            old_inode,
+            "not recycled"
+        );
+        let snap = pool.snapshot();
+        // The first PUT found the pool empty.
+        assert_eq!(
+            (snap.reused_files, snap.new_files, snap.pool_files),
+            (1, 1, 0)
+        );
+        // The pool is empty now: the next large PUT is a new file.
+        s.put_opts(&Path::from("vol/segments/0003"), new_bytes.into(), create())
+            .await
+            .unwrap();
+        assert_eq!(pool.snapshot().new_files, 2);
+        // No staging or pooled name is listed.
+        let listed: Vec<_> = s
+            .list(None)
+            .map(|m| m.unwrap().location.to_string())
+            .collect()
+            .await;
+        assert_eq!(listed.len(), 2, "{listed:?}");
+    }
+
+    #[tokio::test]
+    async fn small_objects_and_what_exceeds_the_budget_are_unlinked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, pool) = recycling_store(dir.path(), 5 << 20);
+        let small = Path::from("vol/manifest");
+        s.put_opts(&small, vec![1u8; 1000].into(), PutOptions::default())
+            .await
+            .unwrap();
+        s.delete(&small).await.unwrap();
+        for n in 1..=3 {
+            let p = Path::from(format!("vol/segments/{n:04}"));
+            s.put_opts(&p, vec![n as u8; 2 << 20].into(), create())
+                .await
+                .unwrap();
+        }
+        for n in 1..=3 {
+            s.delete(&Path::from(format!("vol/segments/{n:04}")))
+                .await
+                .unwrap();
+        }
+        let snap = pool.snapshot();
+        assert_eq!((snap.pool_files, snap.pool_bytes), (2, 4 << 20));
+        assert_eq!((snap.kept_files, snap.unlinked_files), (2, 1));
+        let pooled = std::fs::read_dir(dir.path().join(RECYCLE_DIR))
+            .unwrap()
+            .count();
+        assert_eq!(pooled, 2);
+        // Deleting what is not there still answers NotFound.
+        let gone = s
+            .delete(&Path::from("vol/segments/0001"))
+            .await
+            .unwrap_err();
+        assert!(matches!(gone, Error::NotFound { .. }), "{gone}");
+        // A new process finds the pool; a smaller budget unlinks the rest.
+        let reopened = RecycledFiles::open(dir.path(), 3 << 20).unwrap().unwrap();
+        assert_eq!(reopened.snapshot().pool_files, 1);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join(RECYCLE_DIR))
+                .unwrap()
+                .count(),
+            1
+        );
+        reopened.drain();
+        assert_eq!(reopened.snapshot().pool_bytes, 0);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join(RECYCLE_DIR))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_with_another_name_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, pool) = recycling_store(dir.path(), 64 << 20);
+        let seg = |n: u32| Path::from(format!("vol/segments/{n:04}"));
+        let backup = dir.path().join("backup");
+        // Linked before the delete (a user's `cp -al`): unlinked, not kept.
+        s.put_opts(&seg(1), vec![1u8; 1 << 20].into(), create())
+            .await
+            .unwrap();
+        std::fs::hard_link(dir.path().join("vol/segments/0001"), &backup).unwrap();
+        s.delete(&seg(1)).await.unwrap();
+        assert_eq!(pool.snapshot().pool_files, 0);
+        // Linked while pooled: the next PUT writes a new file.
+        s.put_opts(&seg(2), vec![2u8; 1 << 20].into(), create())
+            .await
+            .unwrap();
+        s.delete(&seg(2)).await.unwrap();
+        let pooled = std::fs::read_dir(dir.path().join(RECYCLE_DIR))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let backup2 = dir.path().join("backup2");
+        std::fs::hard_link(&pooled, &backup2).unwrap();
+        s.put_opts(&seg(3), vec![3u8; 1 << 20].into(), create())
+            .await
+            .unwrap();
+        assert_eq!(pool.snapshot().reused_files, 0);
+        let got = s.get(&seg(3)).await.unwrap().bytes().await.unwrap();
+        assert!(got.len() == 1 << 20 && got.iter().all(|&b| b == 3));
+        for (path, byte) in [(&backup, 1u8), (&backup2, 2u8)] {
+            let kept = std::fs::read(path).unwrap();
+            assert!(
+                kept.len() == 1 << 20 && kept.iter().all(|&b| b == byte),
+                "{path:?}"
+            );
+        }
     }
 
     #[tokio::test]

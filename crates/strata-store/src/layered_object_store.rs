@@ -51,6 +51,9 @@ pub struct LayerConfig {
     pub max_in_flight_requests: usize,
     /// Faults to inject (tests); `None` leaves the fault layer out.
     pub faults: Option<FaultConfig>,
+    /// The embedded store only: bytes of deleted segment files kept to be
+    /// overwritten by new ones (`recycled_files.rs`); 0 turns it off.
+    pub recycle_bytes: u64,
 }
 
 impl Default for LayerConfig {
@@ -59,6 +62,7 @@ impl Default for LayerConfig {
             retry: RetryPolicy::default(),
             max_in_flight_requests: DEFAULT_MAX_IN_FLIGHT_REQUESTS,
             faults: None,
+            recycle_bytes: crate::recycled_files::DEFAULT_RECYCLE_BYTES,
         }
     }
 }

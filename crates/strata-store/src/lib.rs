@@ -36,6 +36,7 @@ mod layered_object_store;
 mod limited_object_store;
 mod local_reader;
 mod names;
+mod recycled_files;
 mod retry_policy;
 mod retrying_object_store;
 mod s3_config;
@@ -55,6 +56,7 @@ pub use credential_source::{CredentialSource, Credentials};
 pub use error_text::{error_text, ErrorText};
 pub use explaining_object_store::{ExplainingObjectStore, StorePlace};
 pub use instance_metadata::InstanceMetadata;
+pub use recycled_files::{RecycleSnapshot, DEFAULT_RECYCLE_BYTES, MIN_RECYCLE_BYTES, RECYCLE_DIR};
 pub use s3_config::{HttpMode, S3Config};
 pub use store_failure::{FailureKind, StoreFailure};
 

@@ -20,6 +20,7 @@ use crate::error_text::{error_text, ErrorText};
 use crate::explaining_object_store::{ExplainingObjectStore, StorePlace};
 use crate::layered_object_store::{layer, LayerConfig, Layered, LayeredSnapshot};
 use crate::local_reader::{LocalFile, LocalReader};
+use crate::recycled_files::{RecycleSnapshot, RecycledFiles, RECYCLE_DIR};
 use crate::retry_policy::RetryPolicy;
 use crate::retrying_object_store::{gave_up, is_transient, RETRY_LOG_TARGET};
 use crate::s3_config::S3Config;
@@ -47,6 +48,8 @@ pub struct Store {
     description: String,
     /// The embedded store's fast paths (and its root directory).
     local_reader: Option<Arc<LocalReader>>,
+    /// The embedded store's recycled segment files (for their counters).
+    recycle: Option<Arc<RecycledFiles>>,
     /// Responses by HTTP version (S3 stores).
     http_versions: Option<Arc<HttpVersionCounts>>,
     /// The layers' counters.
@@ -69,6 +72,8 @@ struct Bucket {
 pub struct StoreStats {
     pub layers: LayeredSnapshot,
     pub http: Option<HttpVersionSnapshot>,
+    /// The embedded store's recycled segment files.
+    pub recycle: Option<RecycleSnapshot>,
 }
 
 impl fmt::Debug for Store {
@@ -226,10 +231,21 @@ impl Store {
             )
         })?;
         let place = StorePlace::Local { root: dir.clone() };
-        let fs = crate::durable_local_store::DurableLocalStore::new(Arc::new(fs), dir.clone());
+        let recycle = RecycledFiles::open(&dir, layers.recycle_bytes).map_err(|e| {
+            format!(
+                "cannot open {}/{RECYCLE_DIR}: {}",
+                dir.display(),
+                error_text(&e)
+            )
+        })?;
+        let mut fs = crate::durable_local_store::DurableLocalStore::new(Arc::new(fs), dir.clone());
+        if let Some(r) = &recycle {
+            fs = fs.with_recycling(r.clone());
+        }
         let fs: Arc<dyn ObjectStore> = Arc::new(ExplainingObjectStore::new(fs, place));
         let mut store = Store::from_object_store(fs, format!("file://{}", dir.display()), layers);
         store.local_reader = Some(Arc::new(LocalReader::new(dir)));
+        store.recycle = recycle;
         Ok(store)
     }
 
@@ -245,6 +261,7 @@ impl Store {
             inner: layered.store.clone(),
             description,
             local_reader: None,
+            recycle: None,
             http_versions: None,
             layered: Arc::new(layered),
             bucket: None,
@@ -256,6 +273,7 @@ impl Store {
         StoreStats {
             layers: self.layered.snapshot(),
             http: self.http_versions(),
+            recycle: self.recycle.as_ref().map(|r| r.snapshot()),
         }
     }
 

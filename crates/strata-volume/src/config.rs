@@ -185,6 +185,16 @@ pub struct GcConfig {
     pub rewrite_fragmented_reads: bool,
 }
 
+/// The grace period on S3 stores: a GET may queue behind the store's
+/// in-flight limit and a few retries.
+pub const GC_GRACE_REMOTE_MS: u64 = 30_000;
+/// The grace period on the embedded store: a read there is a `pread` on
+/// the reader's own thread, which queues behind nothing, and a recycled
+/// file read through an old descriptor fails its CRCs and is looked up
+/// again like a deleted one. Shorter means deleted segments' files come
+/// back to the writers sooner (strata-store `recycled_files.rs`).
+pub const GC_GRACE_EMBEDDED_MS: u64 = 2_000;
+
 impl Default for GcConfig {
     fn default() -> Self {
         GcConfig {
@@ -197,7 +207,7 @@ impl Default for GcConfig {
             // loses anyway finds the object gone and looks the map up
             // again (volume/read.rs). Longer only holds garbage longer
             // (docs/design/gc.md has the figures).
-            grace_ms: 30_000,
+            grace_ms: GC_GRACE_REMOTE_MS,
             interval_ms: 2_000,
             rate_bytes_per_sec: 64 * MIB,
             rewrite_fragmented_reads: true,

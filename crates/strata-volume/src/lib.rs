@@ -52,7 +52,7 @@ mod write;
 pub use at_rest::{generate_key_file, key_from_env, load_key_file, KEY_ENV};
 pub use config::{
     auto_disk_cache_bytes, Durability, GcConfig, HydrateConfig, HydrateMode, VolumeConfig,
-    DEFAULT_LEASE_TTL_MS, MIN_LEASE_TTL_MS,
+    DEFAULT_LEASE_TTL_MS, GC_GRACE_EMBEDDED_MS, GC_GRACE_REMOTE_MS, MIN_LEASE_TTL_MS,
 };
 pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS};
 pub use engine::diffs::DiffSummary;

@@ -26,6 +26,7 @@ use clap::Parser;
 use strata_store::{ErrorText, FaultConfig, LayerConfig, RetryPolicy, Store, StoreError};
 use strata_volume::{
     Durability, Engine, GcConfig, GcPassReport, HydrateConfig, HydrateMode, VolumeConfig,
+    GC_GRACE_EMBEDDED_MS, GC_GRACE_REMOTE_MS,
 };
 
 use crate::cli::{
@@ -184,6 +185,7 @@ fn layer_config(cli: &Cli) -> anyhow::Result<LayerConfig> {
         },
         max_in_flight_requests: cli.max_store_requests,
         faults,
+        recycle_bytes: size_option("--recycle-size", &cli.recycle_size)?,
     })
 }
 
@@ -340,7 +342,11 @@ fn gc_config(a: &GcArgs, remote: bool) -> anyhow::Result<GcConfig> {
         enabled: a.gc == OnOff::On,
         live_threshold_percent: a.gc_live_threshold,
         space_target_percent: a.gc_space_target,
-        grace_ms: a.gc_grace_ms,
+        grace_ms: a.gc_grace_ms.unwrap_or(if remote {
+            GC_GRACE_REMOTE_MS
+        } else {
+            GC_GRACE_EMBEDDED_MS
+        }),
         interval_ms: a.gc_interval_ms,
         rate_bytes_per_sec: size_option("--gc-rate", &a.gc_rate)?,
         rewrite_fragmented_reads: match a.gc_rewrite_reads {

@@ -177,6 +177,12 @@ fn summary(s: &EngineStats) -> String {
             h.http1_responses, h.http2_responses
         ));
     }
+    if let Some(r) = &s.store.recycle {
+        line.push_str(&format!(
+            "; segment files recycled {} new {} (pool {} files, {} bytes)",
+            r.reused_files, r.new_files, r.pool_files, r.pool_bytes
+        ));
+    }
     line
 }
 

@@ -24,6 +24,8 @@ use super::Volume;
 
 /// Segment headers a GC pass reads at most to learn sizes (`learn_data_sizes`).
 const MAX_SIZE_LOOKUPS_PER_PASS: usize = 64;
+/// The shortest wait between background passes that found work.
+const MIN_BUSY_INTERVAL_MS: u64 = 100;
 use crate::clock::now_ms;
 use crate::config::MAX_VOLUME_BYTES;
 use crate::crash_point::{crash_point, READ_REWRITE_CRASH_POINT};
@@ -143,6 +145,7 @@ impl Volume {
             let mut sweep_next = false;
             // Uploads counted at the last orphan sweep.
             let mut swept_at = u64::MAX;
+            let mut wait = interval;
             loop {
                 let notified = wake.notified();
                 if quiet {
@@ -151,7 +154,7 @@ impl Volume {
                     // no pass, and lists nothing.
                     notified.await;
                 } else {
-                    let _ = tokio::time::timeout(interval, notified).await;
+                    let _ = tokio::time::timeout(wait, notified).await;
                 }
                 let Some(vol) = weak.upgrade() else { return };
                 vol.gc_quiet.store(false, Ordering::Release);
@@ -161,6 +164,16 @@ impl Volume {
                 let uploads = vol.segments_uploaded.load(Ordering::Acquire);
                 let sweep = passes.is_multiple_of(SWEEP_EVERY_PASSES) || sweep_next;
                 let busy = vol.background_pass(sweep).await;
+                // While passes find work (a volume overwritten at disk
+                // speed), they come 4x as often: deletions then come in
+                // small steady batches, whose files the next segments
+                // overwrite (strata-store `recycled_files.rs`), rather
+                // than one burst larger than the pool every interval.
+                wait = if busy {
+                    (interval / 4).max(Duration::from_millis(MIN_BUSY_INTERVAL_MS))
+                } else {
+                    interval
+                };
                 if sweep {
                     swept_at = uploads;
                 }

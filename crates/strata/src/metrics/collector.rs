@@ -294,6 +294,26 @@ fn store_families(enc: &mut DescriptorEncoder, store: &StoreStats) -> fmt::Resul
         "Object store requests that waited for one of --max-store-requests slots.",
         layers.limit.waited_requests,
     )?;
+    if let Some(r) = &store.recycle {
+        counter(
+            enc,
+            "strata_store_recycled_files_total",
+            "Large objects (segments) the embedded store wrote over the file of a deleted one: pages and blocks the kernel already had (see --recycle-size).",
+            r.reused_files,
+        )?;
+        counter(
+            enc,
+            "strata_store_new_files_total",
+            "Large objects (segments) the embedded store wrote as a new file, finding no deleted one to overwrite.",
+            r.new_files,
+        )?;
+        gauge(
+            enc,
+            "strata_store_recycled_bytes",
+            "Bytes of deleted segment files the embedded store keeps to overwrite (at most --recycle-size).",
+            r.pool_bytes,
+        )?;
+    }
     if let Some(faults) = &layers.faults {
         counter(
             enc,
