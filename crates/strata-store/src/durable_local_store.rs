@@ -27,7 +27,7 @@ use std::io::Write;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
-use crate::recycled_files::{RecycledFiles, MIN_RECYCLE_BYTES};
+use crate::recycled_files::RecycledFiles;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use object_store::path::Path;
@@ -169,7 +169,7 @@ fn put_durably(
     // A large create-only PUT (a segment) overwrites a recycled file:
     // pages and blocks the kernel already has. Only create-only PUTs, so a
     // compare-and-swap's ETag (inode, mtime, size) is never a reused one.
-    let recycled = match recycle.filter(|_| create && len >= MIN_RECYCLE_BYTES) {
+    let recycled = match recycle.filter(|r| create && r.wants(len)) {
         Some(r) => r.take(&staging).map_err(|e| {
             let _ = std::fs::remove_file(&staging);
             io_error("reuse a recycled file as", &staging, e)
@@ -309,7 +309,9 @@ mod tests {
     }
 
     fn recycling_store(dir: &FsPath, budget_bytes: u64) -> (DurableLocalStore, Arc<RecycledFiles>) {
-        let pool = RecycledFiles::open(dir, budget_bytes).unwrap().unwrap();
+        let pool = RecycledFiles::open(dir, budget_bytes, crate::MIN_RECYCLE_BYTES)
+            .unwrap()
+            .unwrap();
         (store(dir).with_recycling(pool.clone()), pool)
     }
 
@@ -406,7 +408,9 @@ mod tests {
             .unwrap_err();
         assert!(matches!(gone, Error::NotFound { .. }), "{gone}");
         // A new process finds the pool; a smaller budget unlinks the rest.
-        let reopened = RecycledFiles::open(dir.path(), 3 << 20).unwrap().unwrap();
+        let reopened = RecycledFiles::open(dir.path(), 3 << 20, crate::MIN_RECYCLE_BYTES)
+            .unwrap()
+            .unwrap();
         assert_eq!(reopened.snapshot().pool_files, 1);
         assert_eq!(
             std::fs::read_dir(dir.path().join(RECYCLE_DIR))

@@ -54,6 +54,9 @@ pub struct LayerConfig {
     /// The embedded store only: bytes of deleted segment files kept to be
     /// overwritten by new ones (`recycled_files.rs`); 0 turns it off.
     pub recycle_bytes: u64,
+    /// The embedded store only: objects smaller than this are not
+    /// recycled (tests lower it).
+    pub recycle_min_bytes: u64,
 }
 
 impl Default for LayerConfig {
@@ -63,6 +66,7 @@ impl Default for LayerConfig {
             max_in_flight_requests: DEFAULT_MAX_IN_FLIGHT_REQUESTS,
             faults: None,
             recycle_bytes: crate::recycled_files::DEFAULT_RECYCLE_BYTES,
+            recycle_min_bytes: crate::recycled_files::MIN_RECYCLE_BYTES,
         }
     }
 }

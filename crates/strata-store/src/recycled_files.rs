@@ -100,6 +100,9 @@ struct Pool {
 pub(crate) struct RecycledFiles {
     dir: PathBuf,
     budget_bytes: u64,
+    /// Smaller objects are unlinked and written new (`MIN_RECYCLE_BYTES`;
+    /// the power-loss loop lowers it so its small segments are recycled).
+    min_bytes: u64,
     pool: Mutex<Pool>,
     reused: AtomicU64,
     new: AtomicU64,
@@ -111,7 +114,11 @@ impl RecycledFiles {
     /// The pool of the store at `root`, with what an earlier process left
     /// in it (over the budget: unlinked). `None` with a budget of 0.
     /// A thread unlinks files idle for `RECYCLE_IDLE_MS`.
-    pub(crate) fn open(root: &Path, budget_bytes: u64) -> io::Result<Option<Arc<RecycledFiles>>> {
+    pub(crate) fn open(
+        root: &Path,
+        budget_bytes: u64,
+        min_bytes: u64,
+    ) -> io::Result<Option<Arc<RecycledFiles>>> {
         let dir = root.join(RECYCLE_DIR);
         if budget_bytes == 0 {
             return Ok(None);
@@ -144,6 +151,7 @@ impl RecycledFiles {
         let pool = Arc::new(RecycledFiles {
             dir,
             budget_bytes,
+            min_bytes,
             pool: Mutex::new(pool),
             reused: AtomicU64::new(0),
             new: AtomicU64::new(0),
@@ -169,9 +177,9 @@ impl RecycledFiles {
         if meta.nlink() > 1 {
             return Ok(false);
         }
-        if len < MIN_RECYCLE_BYTES || !self.reserve(len) {
+        if len < self.min_bytes || !self.reserve(len) {
             self.unlinked
-                .fetch_add(u64::from(len >= MIN_RECYCLE_BYTES), Ordering::Relaxed);
+                .fetch_add(u64::from(len >= self.min_bytes), Ordering::Relaxed);
             return Ok(false);
         }
         let n = NEXT_NAME.fetch_add(1, Ordering::Relaxed);
@@ -203,6 +211,11 @@ impl RecycledFiles {
         });
         self.kept.fetch_add(1, Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// Whether a PUT of `len` bytes should take a pooled file.
+    pub(crate) fn wants(&self, len: u64) -> bool {
+        len >= self.min_bytes
     }
 
     fn reserve(&self, len: u64) -> bool {

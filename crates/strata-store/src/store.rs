@@ -231,13 +231,14 @@ impl Store {
             )
         })?;
         let place = StorePlace::Local { root: dir.clone() };
-        let recycle = RecycledFiles::open(&dir, layers.recycle_bytes).map_err(|e| {
-            format!(
-                "cannot open {}/{RECYCLE_DIR}: {}",
-                dir.display(),
-                error_text(&e)
-            )
-        })?;
+        let recycle = RecycledFiles::open(&dir, layers.recycle_bytes, layers.recycle_min_bytes)
+            .map_err(|e| {
+                format!(
+                    "cannot open {}/{RECYCLE_DIR}: {}",
+                    dir.display(),
+                    error_text(&e)
+                )
+            })?;
         let mut fs = crate::durable_local_store::DurableLocalStore::new(Arc::new(fs), dir.clone());
         if let Some(r) = &recycle {
             fs = fs.with_recycling(r.clone());

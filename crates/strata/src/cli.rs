@@ -44,6 +44,17 @@ pub struct Cli {
     #[arg(long, global = true, default_value = "1G", value_name = "SIZE")]
     pub recycle_size: String,
 
+    /// Testing only: objects of at least this size are recycled (default
+    /// 256KiB; the power-loss loop lowers it for its small segments).
+    #[arg(
+        long,
+        global = true,
+        default_value = "256KiB",
+        value_name = "SIZE",
+        hide = true
+    )]
+    pub recycle_min_size: String,
+
     /// Testing only: inject store faults, e.g.
     /// error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=1;
     /// ignore_if_none_match=1, ignore_if_match=1 or ignore_conditions=1

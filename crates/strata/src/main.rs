@@ -186,6 +186,7 @@ fn layer_config(cli: &Cli) -> anyhow::Result<LayerConfig> {
         max_in_flight_requests: cli.max_store_requests,
         faults,
         recycle_bytes: size_option("--recycle-size", &cli.recycle_size)?,
+        recycle_min_bytes: size_option("--recycle-min-size", &cli.recycle_min_size)?,
     })
 }
 

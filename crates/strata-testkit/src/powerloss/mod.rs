@@ -415,7 +415,8 @@ impl<'a> Loop<'a> {
 
 /// The server's options: small segments and a short age, so segments are
 /// sealed, uploaded and made durable many times a cycle, and the smallest
-/// journal allowed (it wraps every few cycles); with extras, GC every 200 ms with no grace.
+/// journal allowed (it wraps every few cycles); with extras, GC every 200 ms with no grace
+/// and every deleted segment's file recycled.
 fn serve_args(extras: bool) -> Vec<String> {
     let mut a: Vec<String> = [
         "--segment-size",
@@ -441,6 +442,10 @@ fn serve_args(extras: bool) -> Vec<String> {
                 "0",
                 "--gc-live-threshold",
                 "90",
+                // Its segments are a few KiB: recycle them all, so deleted
+                // segments' files are overwritten under the power cuts.
+                "--recycle-min-size",
+                "1",
             ]
             .iter()
             .map(|s| s.to_string()),
