@@ -130,11 +130,17 @@ impl RecycledFiles {
         }
         let mut found: Vec<(std::time::SystemTime, PathBuf, u64)> = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            let meta = entry.metadata()?;
+            // Another process sharing the store may take or unlink a
+            // pooled file while this one lists them.
+            let meta = match entry.and_then(|e| e.metadata().map(|m| (e, m))) {
+                Ok((e, m)) => (e.path(), m),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            let (path, meta) = meta;
             if meta.is_file() {
                 let mtime = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-                found.push((mtime, entry.path(), meta.len()));
+                found.push((mtime, path, meta.len()));
             }
         }
         found.sort();

@@ -231,14 +231,13 @@ impl Store {
             )
         })?;
         let place = StorePlace::Local { root: dir.clone() };
+        // Recycling is an optimisation: a pool that cannot be opened (a
+        // read-only store, a full disk) leaves the store as it was.
         let recycle = RecycledFiles::open(&dir, layers.recycle_bytes, layers.recycle_min_bytes)
-            .map_err(|e| {
-                format!(
-                    "cannot open {}/{RECYCLE_DIR}: {}",
-                    dir.display(),
-                    error_text(&e)
-                )
-            })?;
+            .unwrap_or_else(|e| {
+                tracing::warn!(store = %dir.display(), error = %error_text(&e), "cannot open {RECYCLE_DIR}: deleted segments' files are unlinked, not recycled");
+                None
+            });
         let mut fs = crate::durable_local_store::DurableLocalStore::new(Arc::new(fs), dir.clone());
         if let Some(r) = &recycle {
             fs = fs.with_recycling(r.clone());
