@@ -429,6 +429,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_pool_holds_at_most_its_file_count_however_small_the_files() {
+        use crate::recycled_files::MAX_RECYCLED_FILES;
+        let dir = tempfile::tempdir().unwrap();
+        let pool = RecycledFiles::open(dir.path(), 1 << 30, 1)
+            .unwrap()
+            .unwrap();
+        let s = store(dir.path()).with_recycling(pool.clone());
+        let n = MAX_RECYCLED_FILES + 10;
+        for i in 0..n {
+            let p = Path::from(format!("vol/segments/{i:04}"));
+            s.put_opts(&p, vec![7u8; 10].into(), create())
+                .await
+                .unwrap();
+        }
+        for i in 0..n {
+            s.delete(&Path::from(format!("vol/segments/{i:04}")))
+                .await
+                .unwrap();
+        }
+        let snap = pool.snapshot();
+        assert_eq!(
+            (snap.pool_files, snap.kept_files),
+            (MAX_RECYCLED_FILES, MAX_RECYCLED_FILES)
+        );
+        assert_eq!(snap.unlinked_files, 10);
+        let on_disk = std::fs::read_dir(dir.path().join(RECYCLE_DIR))
+            .unwrap()
+            .count() as u64;
+        assert_eq!(on_disk, MAX_RECYCLED_FILES);
+        // A new process adopts them (they are fresh), within the same cap.
+        let again = RecycledFiles::open(dir.path(), 1 << 30, 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.snapshot().pool_files, MAX_RECYCLED_FILES);
+    }
+
+    #[tokio::test]
     async fn a_file_with_another_name_is_never_overwritten() {
         let dir = tempfile::tempdir().unwrap();
         let (s, pool) = recycling_store(dir.path(), 64 << 20);

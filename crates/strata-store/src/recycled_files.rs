@@ -39,7 +39,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -59,6 +59,11 @@ pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 /// space only while something writes, and a volume that stops writing
 /// gives its garbage's space back as before.
 pub const RECYCLE_IDLE_MS: u64 = 10_000;
+/// At most this many files in the pool, whatever their size: each is an
+/// inode (and, on a FUSE disk, open descriptors); the power-loss soak,
+/// which recycles segments of a few KiB, found the byte budget alone no
+/// bound on them.
+pub const MAX_RECYCLED_FILES: u64 = 256;
 
 /// Names in the pool are `<pid>-<n>#0`, `n` unique in the process (two
 /// stores on one directory in a process must not reuse a name).
@@ -93,6 +98,17 @@ struct Pool {
     files: VecDeque<Pooled>,
     /// Bytes of `files`, plus those reserved by a `keep` under way.
     bytes: u64,
+    /// `files.len()`, plus the `keep`s under way.
+    count: u64,
+}
+
+impl Pool {
+    /// A file of `len` bytes left the pool (or its `keep` failed).
+    fn release(&mut self, len: u64) {
+        debug_assert!(self.bytes >= len && self.count > 0);
+        self.bytes -= len;
+        self.count -= 1;
+    }
 }
 
 /// See the module doc.
@@ -128,7 +144,11 @@ impl RecycledFiles {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        let mut found: Vec<(std::time::SystemTime, PathBuf, u64)> = Vec::new();
+        // (seconds since pooled, path, size): a rename into the pool sets
+        // the file's ctime, so ages survive restarts (a server restarted
+        // more often than the idle time would otherwise keep every file).
+        let now = SystemTime::now();
+        let mut found: Vec<(Duration, PathBuf, u64)> = Vec::new();
         for entry in std::fs::read_dir(&dir)? {
             // Another process sharing the store may take or unlink a
             // pooled file while this one lists them.
@@ -139,19 +159,28 @@ impl RecycledFiles {
             };
             let (path, meta) = meta;
             if meta.is_file() {
-                let mtime = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-                found.push((mtime, path, meta.len()));
+                let pooled_at = UNIX_EPOCH
+                    + Duration::new(meta.ctime().max(0) as u64, meta.ctime_nsec().max(0) as u32);
+                let age = now.duration_since(pooled_at).unwrap_or_default();
+                found.push((age, path, meta.len()));
             }
         }
-        found.sort();
+        // Oldest first.
+        found.sort_by(|a, b| b.0.cmp(&a.0));
         let mut pool = Pool::default();
-        let since = Instant::now();
-        for (_, path, len) in found {
-            if pool.bytes + len <= budget_bytes {
-                pool.bytes += len;
-                pool.files.push_back(Pooled { path, len, since });
-            } else {
-                let _ = std::fs::remove_file(&path);
+        let idle = Duration::from_millis(RECYCLE_IDLE_MS);
+        let started = Instant::now();
+        for (age, path, len) in found {
+            let fits = pool.bytes + len <= budget_bytes && pool.count < MAX_RECYCLED_FILES;
+            match started.checked_sub(age) {
+                Some(since) if fits && age < idle => {
+                    pool.bytes += len;
+                    pool.count += 1;
+                    pool.files.push_back(Pooled { path, len, since });
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&path);
+                }
             }
         }
         let pool = Arc::new(RecycledFiles {
@@ -193,7 +222,7 @@ impl RecycledFiles {
         // this directory.
         let pooled = self.dir.join(format!("{}-{n}#0", std::process::id()));
         if let Err(e) = std::fs::rename(path, &pooled) {
-            self.pool.lock().bytes -= len;
+            self.pool.lock().release(len);
             return Err(e);
         }
         let synced = match path.parent() {
@@ -204,7 +233,7 @@ impl RecycledFiles {
         if let Err(e) = synced {
             // The old name may come back after a power cut, so the file
             // is never reused: unlinked, as a delete would have done.
-            pool.bytes -= len;
+            pool.release(len);
             drop(pool);
             tracing::warn!(file = %path.display(), error = %e, "cannot sync a directory after a delete; the file is unlinked, not recycled");
             let _ = std::fs::remove_file(&pooled);
@@ -226,10 +255,11 @@ impl RecycledFiles {
 
     fn reserve(&self, len: u64) -> bool {
         let mut pool = self.pool.lock();
-        if pool.bytes + len > self.budget_bytes {
+        if pool.bytes + len > self.budget_bytes || pool.count >= MAX_RECYCLED_FILES {
             return false;
         }
         pool.bytes += len;
+        pool.count += 1;
         true
     }
 
@@ -249,7 +279,7 @@ impl RecycledFiles {
                 return Ok(None);
             };
             let renamed = std::fs::rename(&pooled, staging);
-            self.pool.lock().bytes -= len;
+            self.pool.lock().release(len);
             match renamed {
                 Ok(()) => return self.open_taken(staging).map(Some),
                 // Taken by another process sharing the store: try the next.
@@ -307,7 +337,7 @@ impl RecycledFiles {
             let mut pool = self.pool.lock();
             while pool.files.front().is_some_and(&pred) {
                 if let Some(p) = pool.files.pop_front() {
-                    pool.bytes -= p.len;
+                    pool.release(p.len);
                     gone.push(p);
                 }
             }
