@@ -166,7 +166,7 @@ impl RecycledFiles {
             }
         }
         // Oldest first.
-        found.sort_by(|a, b| b.0.cmp(&a.0));
+        found.sort_by_key(|f| std::cmp::Reverse(f.0));
         let mut pool = Pool::default();
         let idle = Duration::from_millis(RECYCLE_IDLE_MS);
         let started = Instant::now();
