@@ -42,6 +42,8 @@ struct Probe {
     gate: Mutex<Option<Arc<Semaphore>>>,
     /// When set, the next data GET (only that one) waits for a permit.
     hold_next: Mutex<Option<Arc<Semaphore>>>,
+    /// Data GETs that took `hold_next` (and so are held now or were).
+    held: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -117,6 +119,7 @@ impl CountingStore {
         tokio::task::yield_now().await;
         let held = p.hold_next.lock().unwrap().take();
         if let Some(held) = held {
+            p.held.fetch_add(1, Ordering::SeqCst);
             held.acquire().await.unwrap().forget();
         }
         let gate = p.gate.lock().unwrap().clone();
@@ -815,7 +818,10 @@ async fn a_get_delayed_across_a_gc_deletion_still_reads_the_right_data() {
         let vol = vol.clone();
         tokio::spawn(async move { read_expect(&vol, 0, 64 * KIB).await })
     };
-    while probe.data_in_flight.load(Ordering::SeqCst) == 0 {
+    // Until the reader's GET is the one held: "in flight" alone let GC's
+    // own GET (issued next) take the hold now and then, and the test hung
+    // (GC waiting for a permit given only after GC returns).
+    while probe.held.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
     }
     let report = vol.gc_now(true).await.unwrap();
