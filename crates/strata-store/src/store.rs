@@ -235,7 +235,17 @@ impl Store {
         // read-only store, a full disk) leaves the store as it was.
         let recycle = RecycledFiles::open(&dir, layers.recycle_bytes, layers.recycle_min_bytes)
             .unwrap_or_else(|e| {
-                tracing::warn!(store = %dir.display(), error = %error_text(&e), "cannot open {RECYCLE_DIR}: deleted segments' files are unlinked, not recycled");
+                // A read-only or full store fails its writes with their own
+                // clear error; a line about the pool would only add noise.
+                let quiet = matches!(
+                    e.raw_os_error(),
+                    Some(libc::EROFS | libc::EACCES | libc::EPERM | libc::ENOSPC)
+                );
+                if quiet {
+                    tracing::debug!(store = %dir.display(), error = %error_text(&e), "cannot open {RECYCLE_DIR}: deleted segments' files are unlinked, not recycled");
+                } else {
+                    tracing::warn!(store = %dir.display(), error = %error_text(&e), "cannot open {RECYCLE_DIR}: deleted segments' files are unlinked, not recycled");
+                }
                 None
             });
         let mut fs = crate::durable_local_store::DurableLocalStore::new(Arc::new(fs), dir.clone());
