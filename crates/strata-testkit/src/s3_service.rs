@@ -66,12 +66,23 @@ pub trait S3Service: Sync {
     fn implementation(&self) -> S3Impl;
     /// `http(s)://127.0.0.1:PORT`.
     fn endpoint(&self) -> String;
-    /// `AWS_*` variables a client process needs to reach it.
-    fn client_env(&self) -> Vec<(String, String)>;
+    /// `AWS_*` variables a client process needs to reach it (plain HTTP
+    /// with the test credentials, unless the server says otherwise).
+    fn client_env(&self) -> Vec<(String, String)> {
+        crate::client_env(&self.endpoint(), None)
+    }
     /// A new bucket no other call in this process got.
-    fn fresh_bucket(&self) -> String;
-    fn put_object(&self, bucket: &str, key: &str, data: &[u8]);
-    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8>;
+    fn fresh_bucket(&self) -> String {
+        let name = crate::unique_bucket_name();
+        crate::s3::create_bucket(&self.endpoint(), None, &name);
+        name
+    }
+    fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
+        crate::s3::put_object(&self.endpoint(), None, bucket, key, data);
+    }
+    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
+        crate::s3::get_object(&self.endpoint(), None, bucket, key)
+    }
 }
 
 impl S3Service for MinioServer {

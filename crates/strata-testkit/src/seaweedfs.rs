@@ -256,20 +256,6 @@ impl S3Service for SeaweedCluster {
     fn endpoint(&self) -> String {
         self.endpoint.clone()
     }
-    fn client_env(&self) -> Vec<(String, String)> {
-        crate::client_env(&self.endpoint, None)
-    }
-    fn fresh_bucket(&self) -> String {
-        let name = crate::unique_bucket_name();
-        s3::create_bucket(&self.endpoint, None, &name);
-        name
-    }
-    fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
-        s3::put_object(&self.endpoint, None, bucket, key, data);
-    }
-    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
-        s3::get_object(&self.endpoint, None, bucket, key)
-    }
 }
 
 extern "C" fn stop_shared() {

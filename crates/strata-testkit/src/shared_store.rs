@@ -118,9 +118,7 @@ impl S3Service for RunningStore {
     fn endpoint(&self) -> String {
         self.endpoint.clone()
     }
-    fn client_env(&self) -> Vec<(String, String)> {
-        crate::client_env(&self.endpoint, None)
-    }
+    /// Remembered, so the buckets go at exit.
     fn fresh_bucket(&self) -> String {
         let name = crate::unique_bucket_name();
         crate::s3::create_bucket(&self.endpoint, None, &name);
@@ -129,11 +127,5 @@ impl S3Service for RunningStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push(name.clone());
         name
-    }
-    fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
-        crate::s3::put_object(&self.endpoint, None, bucket, key, data)
-    }
-    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
-        crate::s3::get_object(&self.endpoint, None, bucket, key)
     }
 }

@@ -18,7 +18,7 @@ use tempfile::TempDir;
 
 use crate::keeper::Spawn;
 use crate::node::{self, Node, NotHealthy, HEALTHY_TIMEOUT};
-use crate::{s3, S3Impl, S3Service, ACCESS_KEY, REGION, SECRET_KEY};
+use crate::{S3Impl, S3Service, ACCESS_KEY, REGION, SECRET_KEY};
 
 /// Start attempts: a retry only follows the gateway finding its freshly
 /// picked port taken by someone else in the meantime.
@@ -158,20 +158,6 @@ impl S3Service for VersitygwServer {
     }
     fn endpoint(&self) -> String {
         self.endpoint.clone()
-    }
-    fn client_env(&self) -> Vec<(String, String)> {
-        crate::client_env(&self.endpoint, None)
-    }
-    fn fresh_bucket(&self) -> String {
-        let name = crate::unique_bucket_name();
-        s3::create_bucket(&self.endpoint, None, &name);
-        name
-    }
-    fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
-        s3::put_object(&self.endpoint, None, bucket, key, data);
-    }
-    fn get_object(&self, bucket: &str, key: &str) -> Vec<u8> {
-        s3::get_object(&self.endpoint, None, bucket, key)
     }
 }
 
