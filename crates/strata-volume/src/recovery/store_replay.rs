@@ -47,23 +47,28 @@ pub(crate) async fn recover_from_store(
         (None, None) => (ExtentMap::new(), 0, None),
     };
     let segments = list_segments(store, names).await?;
+    let listed: BTreeMap<u64, u64> = segments.iter().copied().collect();
+    let mut stored: BTreeMap<u64, u64> = listed.range(..=base).map(|(&s, &b)| (s, b)).collect();
     let mut next = base + 1;
-    let mut orphans = Vec::new();
     let mut data_sizes = BTreeMap::new();
-    for &(seq, _) in segments.iter().filter(|s| s.0 > base) {
-        if seq != next {
-            orphans.push(seq);
-            continue;
-        }
+    loop {
+        let size = match listed.get(&next) {
+            Some(&size) => size,
+            None => match probe_unlisted(store, names, next).await? {
+                Some(size) => size,
+                None => break,
+            },
+        };
         let (idx, entries) =
-            fetch_segment_header(store, names, seq, uuid, manifest.size_bytes, data_key).await?;
-        apply_entries(&mut map, seq, &entries);
-        data_sizes.insert(seq, idx.fixed.data_bytes);
+            fetch_segment_header(store, names, next, uuid, manifest.size_bytes, data_key).await?;
+        apply_entries(&mut map, next, &entries);
+        data_sizes.insert(next, idx.fixed.data_bytes);
         span = Some(idx.fixed.span);
+        stored.insert(next, size);
         next += 1;
     }
+    let orphans: Vec<u64> = listed.range(next..).map(|(&s, _)| s).collect();
     delete_orphans(store, names, &orphans).await?;
-    let stored = segments.into_iter().filter(|s| s.0 < next).collect();
     Ok(Recovered {
         map,
         next_seq: next,
@@ -72,6 +77,27 @@ pub(crate) async fn recover_from_store(
         stored,
         data_sizes,
     })
+}
+
+/// Asks the store for the segment the listing ends before. Some stores'
+/// listings lag their writes (SeaweedFS was seen to list segments 80 and
+/// 81 but not 78, written just before a kill -9): trusting the listing
+/// would delete 80 and 81 and then find 78 in the way of the next upload.
+/// One HEAD per open; it finds nothing on a store whose listing is exact.
+async fn probe_unlisted(
+    store: &Store,
+    names: &ObjectNames,
+    seq: u64,
+) -> Result<Option<u64>, VolumeError> {
+    let path = names.segment(seq);
+    match store.object_store().head(&path).await {
+        Ok(meta) => {
+            tracing::warn!(volume = %names.volume_prefix(), seq, "the store's listing did not show a segment it holds; recovering it");
+            Ok(Some(meta.size))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(store_error(store, "head", &path)(e)),
+    }
 }
 
 /// Applies a stored segment's entries to the map, in log order.

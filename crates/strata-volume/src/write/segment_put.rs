@@ -8,6 +8,7 @@ use object_store::{PutMode, PutOptions, PutPayload};
 use strata_store::Store;
 
 use crate::backoff::Backoff;
+use crate::format::segment::{FixedHeader, FIXED_HEADER_BYTES};
 use crate::ownership::{Ownership, WriteRefused};
 
 /// Why a store write gave up.
@@ -40,31 +41,75 @@ pub(crate) async fn put_segment(
     data: &Bytes,
 ) -> Result<(), WriteRefused> {
     let payload = || PutPayload::from_iter([header.clone(), data.clone()]);
-    let written = put_with_retry(store, ownership, volume, path, &payload, PutMode::Create).await;
-    match written {
-        Ok(()) => Ok(()),
-        Err(PutError::Fenced(d)) => Err(WriteRefused::Fenced(d)),
-        Err(PutError::Conflict(_)) => {
-            let len = (header.len() + data.len()) as u64;
-            let same = store.get_range(path, 0..len).await.is_ok_and(|got| {
-                got.len() as u64 == len
-                    && got[..header.len()] == header[..]
-                    && got[header.len()..] == data[..]
-            });
-            // Ours; an earlier attempt may have stopped before its sync.
-            if same && store.make_durable(path).await.is_ok() {
-                return Ok(());
-            }
-            if same {
-                return Err(WriteRefused::Fenced(format!(
-                    "segment {path} was written but could not be synced to disk (a failed sync is not retried: the page cache may have dropped the data); check the disk"
-                )));
-            }
-            Err(WriteRefused::TakenOver(format!(
-                "segment {path} already exists with other content: another server wrote it after taking the volume over"
-            )))
+    let mut leftovers_deleted = 0;
+    loop {
+        let written =
+            put_with_retry(store, ownership, volume, path, &payload, PutMode::Create).await;
+        match written {
+            Ok(()) => return Ok(()),
+            Err(PutError::Fenced(d)) => return Err(WriteRefused::Fenced(d)),
+            Err(PutError::Conflict(_)) => {}
         }
+        let len = (header.len() + data.len()) as u64;
+        let same = store.get_range(path, 0..len).await.is_ok_and(|got| {
+            got.len() as u64 == len
+                && got[..header.len()] == header[..]
+                && got[header.len()..] == data[..]
+        });
+        // Ours; an earlier attempt may have stopped before its sync.
+        if same && store.make_durable(path).await.is_ok() {
+            return Ok(());
+        }
+        if same {
+            return Err(WriteRefused::Fenced(format!(
+                "segment {path} was written but could not be synced to disk (a failed sync is not retried: the page cache may have dropped the data); check the disk"
+            )));
+        }
+        if leftovers_deleted < MAX_LEFTOVERS_DELETED
+            && written_by_our_journal(store, path, header).await
+        {
+            tracing::warn!(volume = %volume, object = %path, "deleting a segment a killed process of this volume uploaded after recovery had passed it (its writes are in the journal); uploading again");
+            store.delete(path).await.map_err(|e| {
+                WriteRefused::Fenced(format!(
+                    "could not delete the leftover segment {path}: {}",
+                    strata_store::error_text(&e)
+                ))
+            })?;
+            leftovers_deleted += 1;
+            continue;
+        }
+        return Err(WriteRefused::TakenOver(format!(
+            "segment {path} already exists with other content: another server wrote it after taking the volume over"
+        )));
     }
+}
+
+/// Leftovers replaced per upload: one is the case this exists for (a
+/// killed process's PUT landing late); more means something else writes.
+const MAX_LEFTOVERS_DELETED: u32 = 2;
+
+/// Whether the segment in the way was written at the same position by a
+/// process of this volume's own journal: a process killed with the PUT in
+/// flight, whose PUT the store finished after recovery had listed the
+/// segments (seen on SeaweedFS). Recovery did not apply it, nothing points
+/// at it, and its writes are in the journal this process replayed. A
+/// segment of any other journal is another server's: the caller fences.
+async fn written_by_our_journal(
+    store: &Store,
+    path: &object_store::path::Path,
+    header: &Bytes,
+) -> bool {
+    let Ok(ours) = FixedHeader::decode(header) else {
+        return false;
+    };
+    let Ok(theirs) = store.get_range(path, 0..FIXED_HEADER_BYTES as u64).await else {
+        return false;
+    };
+    FixedHeader::decode(&theirs).is_ok_and(|theirs| {
+        theirs.seq == ours.seq
+            && theirs.volume_uuid == ours.volume_uuid
+            && theirs.span.journal_id == ours.span.journal_id
+    })
 }
 
 /// PUTs until it works. Each attempt waits for a valid lease; a
