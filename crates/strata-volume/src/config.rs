@@ -67,6 +67,10 @@ pub struct VolumeConfig {
     pub max_gets_total: usize,
     /// Size of each volume's journal ring.
     pub journal_bytes: u64,
+    /// Released journal bytes, written since the last FLUSH, punched out
+    /// of the ring before the next FLUSH rather than synced
+    /// (`write/journal_disk.rs`); at most an eighth of the ring.
+    pub journal_punch_min_bytes: u64,
     /// RAM cache of segment data, shared by all volumes of a server.
     pub cache_bytes: u64,
     /// Local-disk cache of segment data, shared by all volumes of a server:
@@ -238,6 +242,7 @@ impl VolumeConfig {
             max_parallel_uploads_total: DEFAULT_PARALLEL_UPLOADS_TOTAL,
             max_gets_total: strata_store::DEFAULT_MAX_IN_FLIGHT_REQUESTS,
             journal_bytes: 256 * MIB,
+            journal_punch_min_bytes: 8 * MIB,
             cache_bytes: 256 * MIB,
             disk_cache_bytes: 0,
             readahead_max_bytes: 8 * MIB,

@@ -660,6 +660,13 @@ pub struct Budgets {
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub journal_size: String,
 
+    /// Testing only: released journal bytes written since the last FLUSH
+    /// are punched out of the ring rather than synced from this much
+    /// (default 8MiB, at most an eighth of the ring; the power-loss loop
+    /// lowers it so its small writes are punched under the power cuts).
+    #[arg(long, default_value = "8MiB", value_name = "SIZE", hide = true)]
+    pub journal_punch_min_size: String,
+
     /// RAM cache for data read back from the store, shared by all volumes.
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub cache_size: String,

@@ -71,7 +71,7 @@ pub(crate) async fn recover(
     let mut state = initial_state(rec, sb.journal_id, config.segment_bytes);
     let (head, replayed_records) =
         replay_journal(&jpath, sb, start, &mut state, config, manifest.size_bytes)?;
-    let journal = Journal::open(&jpath, sb, head, start.lpos)?;
+    let journal = Journal::open(&jpath, sb, head, start.lpos, config.journal_punch_min_bytes)?;
     Ok(RecoveredVolume {
         state,
         journal,

@@ -43,11 +43,13 @@ impl std::fmt::Debug for Journal {
 impl Journal {
     /// Opens `path` for appending at `head` (the end of the scan), with
     /// everything before `tail_lpos` already safe in the store.
+    /// `punch_min_bytes`: see `JournalDisk::before_sync`.
     pub fn open(
         path: &Path,
         sb: Superblock,
         head: Position,
         tail_lpos: u64,
+        punch_min_bytes: u64,
     ) -> Result<Journal, JournalError> {
         let file = OpenOptions::new()
             .read(true)
@@ -82,7 +84,10 @@ impl Journal {
             failure: Mutex::new(None),
             progress: Notify::new(),
             // Not known: zeroed again from the head on.
-            disk: Mutex::new(super::journal_disk::JournalDisk::at(head.lpos)),
+            disk: Mutex::new(super::journal_disk::JournalDisk::at(
+                head.lpos,
+                punch_min_bytes.min(sb.ring_bytes / 8),
+            )),
         });
         let writer = {
             let (file, shared, ring) = (file.clone(), shared.clone(), sb.ring_bytes);
@@ -335,7 +340,7 @@ mod tests {
         let path = dir.path().join("v.journal");
         let ring = MIN_RING_BYTES;
         create(&path, sb(ring)).unwrap();
-        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0).unwrap();
+        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0, 1 << 20).unwrap();
         // Fill ~2.5 laps, releasing as we go, so the ring wraps twice.
         let mut released = 0u64;
         let mut last = (0, 0);
@@ -383,6 +388,55 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn released_bytes_are_punched_before_a_sync_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.journal");
+        let ring = 4 * MIN_RING_BYTES;
+        create(&path, sb(ring)).unwrap();
+        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0, 1 << 20).unwrap();
+        let payload = vec![7u8; 64 << 10];
+        let mut ends = Vec::new();
+        for i in 0..48u64 {
+            ends.push(
+                j.try_append(RecordKind::Write, i << 16, 64 << 10, &payload)
+                    .unwrap(),
+            );
+        }
+        j.wait_written(ends[47].0).await.unwrap();
+        // The first 30 records are in the store: released, never synced.
+        let released = ends[29].1;
+        j.release_to(released);
+        j.sync(ends[47].0).await.unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let read = |at: u64, len: usize| {
+            let mut b = vec![0u8; len];
+            file.read_exact_at(&mut b, SUPERBLOCK_BYTES + at).unwrap();
+            b
+        };
+        // Whole pages before the release point read as zeros: punched.
+        let punched_until = released / 4096 * 4096;
+        assert!(punched_until >= 1 << 20, "{punched_until}");
+        assert!(read(0, punched_until as usize).iter().all(|&b| b == 0));
+        // Every record after it is intact and replays, in order.
+        let mut scan = Scanner::open(
+            &path,
+            sb(ring),
+            Position {
+                lpos: released,
+                jseq: ends[30].0,
+            },
+        )
+        .unwrap();
+        let mut n = 0;
+        while let Some(r) = scan.next_record().unwrap() {
+            assert_eq!((r.jseq, r.end_lpos), ends[30 + n]);
+            assert!(r.payload.iter().all(|&b| b == 7));
+            n += 1;
+        }
+        assert_eq!(n, 18);
+    }
+
+    #[tokio::test]
     async fn a_journal_takes_disk_only_while_it_holds_what_the_store_lacks() {
         let allocated_bytes = |p: &Path| -> std::io::Result<u64> {
             use std::os::unix::fs::MetadataExt;
@@ -400,7 +454,7 @@ mod tests {
             allocated_bytes(&path).unwrap() <= 64 << 10,
             "created sparse"
         );
-        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0).unwrap();
+        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0, 1 << 20).unwrap();
         let payload = vec![7u8; 64 << 10];
         let mut last = (0, 0);
         for i in 0..32u64 {
@@ -446,7 +500,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0).unwrap();
+        let j = Journal::open(&path, sb(ring), Position { lpos: 0, jseq: 1 }, 0, 1 << 20).unwrap();
         for i in 0..3u64 {
             j.try_append(RecordKind::Write, i, 8, &[7u8; 8]).unwrap();
         }

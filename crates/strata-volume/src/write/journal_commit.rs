@@ -146,7 +146,14 @@ pub(crate) fn writer_loop(file: &File, shared: &Shared, ring: u64) {
         };
         let result = {
             let _guard = shared.write_lock.lock();
-            write_pending(file, shared, ring)
+            write_pending(file, shared, ring).map(|()| {
+                // Under the batch's `write_lock` hold: the punch knows
+                // every batch written so far, and later ones land after it.
+                if sync_to > shared.synced_jseq.load(Ordering::Acquire) {
+                    let tail_lpos = shared.state.lock().tail_lpos;
+                    shared.disk.lock().before_sync(file, ring, tail_lpos);
+                }
+            })
         };
         let written = shared.written_jseq.load(Ordering::Acquire);
         let result = result.and_then(|()| {

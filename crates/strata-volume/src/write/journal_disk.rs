@@ -22,6 +22,21 @@
 //! more than `YIELD_DIRTY_BYTES` written and not yet on disk starts its
 //! writeback and waits for it (`sync_file_range`) before its next batch:
 //! its writers are paced by the disk instead of by the page cache.
+//!
+//! Released bytes are not synced: a FLUSH's `fdatasync` writes every dirty
+//! page of the ring, and under large writes most of what was written since
+//! the last one is already released (its segments were synced by their
+//! uploads): written to disk a second time for nothing. Measured
+//! (`seqwrite-flush`: 1 MiB writes, a FLUSH every 64): the disk received
+//! 1.85x the client's bytes. So before an `fdatasync`, the released part of
+//! what was written since the last one, when it is at least
+//! `--journal-punch-min-size` (8 MiB; an eighth of a smaller ring), is punched out of the ring (its dirty pages are
+//! dropped, not written). Nothing reads it again: recovery starts at the
+//! store's position, which is at or past the tail. The cost: the next lap
+//! writes those records into holes, whose blocks the following
+//! `fdatasync` commits (a small FLUSH there takes ~200 µs instead of
+//! ~120 µs until the lap has passed); small-write workloads never release
+//! that much between two FLUSHes and keep their zero-filled ring.
 
 use std::fs::File;
 use std::io;
@@ -34,6 +49,9 @@ const ZERO_STEP_BYTES: u64 = 2 << 20;
 /// Written, not yet on disk: what a journal may leave to writeback while
 /// another is flushing.
 const YIELD_DIRTY_BYTES: u64 = 1 << 20;
+
+/// Punches are whole pages: records around them keep their bytes.
+const PAGE_BYTES: u64 = 4096;
 
 /// `fdatasync`s of journals in progress, process-wide.
 static FLUSHING: AtomicUsize = AtomicUsize::new(0);
@@ -65,16 +83,30 @@ pub(crate) struct JournalDisk {
     /// Records before this are on disk, or on their way (writeback waited
     /// for or `fdatasync`ed).
     clean_until: u64,
+    /// The end of the last batch written.
+    written_until: u64,
+    /// `written_until` when the last `fdatasync` began: what is past it is
+    /// dirty in the page cache.
+    synced_until: u64,
+    /// The filesystem refused a punch: released bytes are synced as before.
+    punch_unsupported: bool,
+    /// Released bytes punched only from this much (`before_sync`).
+    punch_min_bytes: u64,
 }
 
 impl JournalDisk {
     /// A journal whose next record goes at `head_lpos`; what is before it
-    /// is taken as written (a no-op to zero or flush again).
-    pub fn at(head_lpos: u64) -> JournalDisk {
+    /// is taken as written (a no-op to zero or flush again). Released
+    /// bytes are punched from `punch_min_bytes` (never less than a page).
+    pub fn at(head_lpos: u64, punch_min_bytes: u64) -> JournalDisk {
         JournalDisk {
             zeroed_from: head_lpos,
             zeroed_until: head_lpos,
             clean_until: head_lpos,
+            written_until: head_lpos,
+            synced_until: head_lpos,
+            punch_unsupported: false,
+            punch_min_bytes: punch_min_bytes.max(PAGE_BYTES),
         }
     }
 
@@ -106,6 +138,7 @@ impl JournalDisk {
     /// journal is flushing, waits until this one's writes older than
     /// `YIELD_DIRTY_BYTES` are on disk (see the module doc).
     pub fn after_write(&mut self, file: &File, ring: u64, end_lpos: u64) -> io::Result<()> {
+        self.written_until = self.written_until.max(end_lpos);
         let dirty = end_lpos.saturating_sub(self.clean_until);
         if dirty <= YIELD_DIRTY_BYTES || FLUSHING.load(Ordering::Acquire) == 0 {
             return Ok(());
@@ -118,9 +151,38 @@ impl JournalDisk {
         Ok(())
     }
 
+    /// Before an `fdatasync`: punches out the released part of what was
+    /// written since the last one, if large enough (see the module doc).
+    /// The caller holds the journal's `write_lock` (no batch lands in the
+    /// ring meanwhile). Never fails: a punch refused leaves the bytes to be
+    /// synced, as they were before this existed.
+    pub fn before_sync(&mut self, file: &File, ring: u64, tail_lpos: u64) {
+        // Only this lap's bytes: what is a ring or more behind the last
+        // batch lies under newer records.
+        let from = self
+            .synced_until
+            .max(self.written_until.saturating_sub(ring))
+            .next_multiple_of(PAGE_BYTES);
+        let until = tail_lpos.min(self.written_until) / PAGE_BYTES * PAGE_BYTES;
+        self.synced_until = self.written_until;
+        if self.punch_unsupported || until < from + self.punch_min_bytes {
+            return;
+        }
+        debug_assert!(until <= tail_lpos, "punching records not yet released");
+        let punched = for_ring_pieces(ring, from, until, |a, b| {
+            super::journal_file::punch_hole(file, a, b)
+        });
+        if let Err(e) = punched {
+            tracing::debug!(error = %e, "released journal bytes not punched; they are synced instead");
+            self.punch_unsupported = true;
+        }
+    }
+
     /// The ring was punched with the head at `head_lpos`.
     pub fn punched(&mut self, head_lpos: u64) {
-        *self = JournalDisk::at(head_lpos);
+        let (unsupported, min_bytes) = (self.punch_unsupported, self.punch_min_bytes);
+        *self = JournalDisk::at(head_lpos, min_bytes);
+        self.punch_unsupported = unsupported;
     }
 }
 
