@@ -22,7 +22,9 @@ use object_store::{
 use strata_store::{ObjectNames, Store};
 use strata_volume::{Engine, VolumeConfig};
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::MIB;
+
 const KIB: u64 = 1 << 10;
 const VOLUME_BYTES: u64 = 16 * MIB;
 
@@ -155,21 +157,15 @@ fn store_over(inner: &Arc<InMemory>, anomalies: &Arc<Mutex<Anomalies>>) -> Store
     )
 }
 
-/// Small segments sealed by age, no checkpoints and no GC in the test's
-/// time: every segment stays after the last checkpoint, where recovery
-/// walks the listing.
+/// The suites' small budgets, plain, with segments sealed by age, no
+/// checkpoints and no GC in the test's time: every segment stays after
+/// the last checkpoint, where recovery walks the listing.
 fn config(dir: &FsPath) -> VolumeConfig {
-    let mut c = VolumeConfig::new(dir.to_path_buf());
-    c.segment_bytes = MIB;
-    c.max_write_bytes = MIB;
-    c.write_buffer_bytes = 4 * MIB;
+    let mut c = common::small_config_plain(dir);
     c.journal_bytes = 16 * MIB;
-    c.cache_bytes = 2 * MIB;
     c.checkpoint_every_segments = 10_000;
     c.segment_max_age_ms = 20;
     c.gc.interval_ms = 3_600_000;
-    c.compression = strata_volume::Compression::None;
-    c.key = None;
     c
 }
 
