@@ -144,12 +144,14 @@ pub(crate) fn writer_loop(file: &File, shared: &Shared, ring: u64) {
                 shared.wake_writer.wait(&mut st);
             }
         };
+        // Only this thread syncs: `synced_jseq` cannot move meanwhile.
+        let syncing = sync_to > shared.synced_jseq.load(Ordering::Acquire);
         let result = {
             let _guard = shared.write_lock.lock();
             write_pending(file, shared, ring).map(|()| {
                 // Under the batch's `write_lock` hold: the punch knows
                 // every batch written so far, and later ones land after it.
-                if sync_to > shared.synced_jseq.load(Ordering::Acquire) {
+                if syncing {
                     let tail_lpos = shared.state.lock().tail_lpos;
                     shared.disk.lock().before_sync(file, ring, tail_lpos);
                 }
@@ -157,7 +159,7 @@ pub(crate) fn writer_loop(file: &File, shared: &Shared, ring: u64) {
         };
         let written = shared.written_jseq.load(Ordering::Acquire);
         let result = result.and_then(|()| {
-            if sync_to > shared.synced_jseq.load(Ordering::Acquire) {
+            if syncing {
                 let _flushing = super::journal_disk::Flushing::start();
                 file.sync_data()?;
                 shared.synced_jseq.store(written, Ordering::Release);

@@ -30,13 +30,14 @@
 //! (`seqwrite-flush`: 1 MiB writes, a FLUSH every 64): the disk received
 //! 1.85x the client's bytes. So before an `fdatasync`, the released part of
 //! what was written since the last one, when it is at least
-//! `--journal-punch-min-size` (8 MiB; an eighth of a smaller ring), is punched out of the ring (its dirty pages are
-//! dropped, not written). Nothing reads it again: recovery starts at the
-//! store's position, which is at or past the tail. The cost: the next lap
-//! writes those records into holes, whose blocks the following
-//! `fdatasync` commits (a small FLUSH there takes ~200 µs instead of
-//! ~120 µs until the lap has passed); small-write workloads never release
-//! that much between two FLUSHes and keep their zero-filled ring.
+//! `--journal-punch-min-size` (8 MiB; an eighth of a smaller ring), is
+//! punched out of the ring (its dirty pages are dropped, not written).
+//! Nothing reads it again: recovery starts at the store's position, which
+//! is at or past the tail. The cost: the next lap writes those records into
+//! holes, whose blocks the following `fdatasync` commits (a small FLUSH
+//! there takes ~200 µs instead of ~130 µs until the lap has passed);
+//! small-write workloads never release that much between two FLUSHes and
+//! keep their zero-filled ring.
 
 use std::fs::File;
 use std::io;
