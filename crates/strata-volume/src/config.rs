@@ -71,6 +71,16 @@ pub struct VolumeConfig {
     /// of the ring before the next FLUSH rather than synced
     /// (`write/journal_disk.rs`); at most an eighth of the ring.
     pub journal_punch_min_bytes: u64,
+    /// A FLUSH that finds at least this much written since the journal's
+    /// last sync and not yet in the store (on the embedded store only)
+    /// seals the open segment and waits for the uploads instead: each byte
+    /// reaches the disk once, in its segment, not also in the ring
+    /// (`volume/write.rs`). 0 never does.
+    pub flush_seal_min_bytes: u64,
+    /// How long such a FLUSH waits for those uploads before it syncs the
+    /// bytes in the ring after all (an upload retrying a failing disk must
+    /// not hold FLUSHes up: the ring has the bytes).
+    pub flush_seal_wait_ms: u64,
     /// RAM cache of segment data, shared by all volumes of a server.
     pub cache_bytes: u64,
     /// Local-disk cache of segment data, shared by all volumes of a server:
@@ -243,6 +253,8 @@ impl VolumeConfig {
             max_gets_total: strata_store::DEFAULT_MAX_IN_FLIGHT_REQUESTS,
             journal_bytes: 256 * MIB,
             journal_punch_min_bytes: 8 * MIB,
+            flush_seal_min_bytes: 8 * MIB,
+            flush_seal_wait_ms: 2_000,
             cache_bytes: 256 * MIB,
             disk_cache_bytes: 0,
             readahead_max_bytes: 8 * MIB,

@@ -80,5 +80,5 @@ pub use read::{
 pub use snapshot::{
     split_export_name, Change, ChangeKind, ExportName, SnapshotView, MAX_CLONE_DEPTH,
 };
-pub use volume::{Allocation, SnapshotStats, Volume, VolumeStats, WriteWaitStats};
+pub use volume::{Allocation, FlushSealStats, SnapshotStats, Volume, VolumeStats, WriteWaitStats};
 pub use write::state::SpaceUsage;

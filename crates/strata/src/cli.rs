@@ -667,6 +667,14 @@ pub struct Budgets {
     #[arg(long, default_value = "8MiB", value_name = "SIZE", hide = true)]
     pub journal_punch_min_size: String,
 
+    /// Testing only: on the embedded store, a FLUSH that finds this much
+    /// written since the journal's last sync and not yet in a segment
+    /// seals and uploads it rather than syncing those bytes in the journal
+    /// (default 8MiB; 0 never does; the power-loss loop lowers it so its
+    /// small writes take that path under the power cuts).
+    #[arg(long, default_value = "8MiB", value_name = "SIZE", hide = true)]
+    pub flush_seal_min_size: String,
+
     /// RAM cache for data read back from the store, shared by all volumes.
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub cache_size: String,

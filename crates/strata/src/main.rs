@@ -308,6 +308,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         config.journal_bytes = size_option("--journal-size", &b.journal_size)?;
         config.journal_punch_min_bytes =
             size_option("--journal-punch-min-size", &b.journal_punch_min_size)?;
+        config.flush_seal_min_bytes = size_option("--flush-seal-min-size", &b.flush_seal_min_size)?;
         config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
         config.max_parallel_uploads_total = b.parallel_uploads_total;

@@ -1,7 +1,8 @@
 //! Counters of an open volume that no other part owns: how long writers
 //! waited for room (back-pressure, by what they waited for), and the
-//! snapshots taken, deleted and rolled back to. Relaxed atomics, touched
-//! only when a writer had to wait or a snapshot operation succeeded.
+//! snapshots taken, deleted and rolled back to, and the FLUSHes that made
+//! bulk data durable as segments. Relaxed atomics, touched only when a
+//! writer had to wait, a snapshot operation succeeded or a FLUSH sealed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -44,6 +45,15 @@ impl WaitFor {
     }
 }
 
+/// How a FLUSH that sealed its bulk data ended (`volume/write.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlushSeal {
+    /// Every segment up to the seal was in the store in time.
+    Stored,
+    /// The uploads took too long: the ring's sync covered the rest.
+    TimedOut,
+}
+
 #[derive(Debug, Default)]
 struct WaitCounter {
     writes: AtomicU64,
@@ -56,6 +66,8 @@ pub(crate) struct VolumeCounters {
     pub snapshots_created: AtomicU64,
     pub snapshots_deleted: AtomicU64,
     pub rollbacks: AtomicU64,
+    flushes_sealed: AtomicU64,
+    flush_seals_timed_out: AtomicU64,
 }
 
 impl VolumeCounters {
@@ -65,6 +77,21 @@ impl VolumeCounters {
         c.writes.fetch_add(1, Ordering::Relaxed);
         let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         c.waited_us.fetch_add(waited_us, Ordering::Relaxed);
+    }
+
+    /// A FLUSH that sealed its bulk data, and how that ended.
+    pub(crate) fn flush_sealed(&self, outcome: FlushSeal) {
+        self.flushes_sealed.fetch_add(1, Ordering::Relaxed);
+        if outcome == FlushSeal::TimedOut {
+            self.flush_seals_timed_out.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn flush_seals(&self) -> FlushSealStats {
+        FlushSealStats {
+            sealed: self.flushes_sealed.load(Ordering::Relaxed),
+            timed_out: self.flush_seals_timed_out.load(Ordering::Relaxed),
+        }
     }
 
     pub(crate) fn add(counter: &AtomicU64) {
@@ -103,6 +130,15 @@ pub struct WriteWaitStats {
     pub reason: &'static str,
     pub writes: u64,
     pub waited_us: u64,
+}
+
+/// FLUSHes that sealed and uploaded their bulk data rather than sync it
+/// in the journal's ring, and of those, the ones whose uploads took too
+/// long (the ring's sync covered them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FlushSealStats {
+    pub sealed: u64,
+    pub timed_out: u64,
 }
 
 /// The volume's snapshots now, and what this server did to them.

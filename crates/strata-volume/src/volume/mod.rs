@@ -65,7 +65,7 @@ use crate::snapshot::Lineage;
 use crate::write::journal::Journal;
 use crate::write::state::{SpaceUsage, State};
 use counters::VolumeCounters;
-pub use counters::{SnapshotStats, WriteWaitStats};
+pub use counters::{FlushSealStats, SnapshotStats, WriteWaitStats};
 
 /// Counters a volume exports.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -102,6 +102,8 @@ pub struct VolumeStats {
     pub journal_ring_bytes: u64,
     /// Writes that waited for room, by what they waited for.
     pub write_waits: Vec<WriteWaitStats>,
+    /// FLUSHes that made their bulk data durable as segments.
+    pub flush_seals: FlushSealStats,
     pub lease: LeaseStats,
     pub snapshots: SnapshotStats,
     /// Background hydration: how much of the volume is local.
@@ -299,6 +301,7 @@ impl Volume {
             journal_used_bytes,
             journal_ring_bytes,
             write_waits: self.counters.write_waits(),
+            flush_seals: self.counters.flush_seals(),
             lease: self.ownership.stats(),
             snapshots: self.counters.snapshots(self.manifest.snapshot_count()),
             hydration: self.hydration.stats(),

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::counters::WaitFor;
+use super::counters::{FlushSeal, WaitFor};
 use super::Volume;
 use crate::config::Durability;
 use crate::error::VolumeError;
@@ -83,11 +83,51 @@ impl Volume {
         match self.config.durability {
             Durability::Local => {
                 let jseq = self.journal.last_appended_jseq();
+                if self.flush_seals() {
+                    self.flush_bulk_to_store().await;
+                }
                 self.journal.sync(jseq).await?;
             }
             Durability::Remote => self.flush_to_store().await?,
         }
         Ok(())
+    }
+
+    /// Whether this FLUSH makes its bulk data durable as segments rather
+    /// than in the ring: on the embedded store (an upload there is a local
+    /// file's write and `fsync`), when at least `flush_seal_min_bytes` were
+    /// appended since the journal's last sync and are not in the store yet.
+    /// Synced in the ring, those bytes would reach the disk twice: there
+    /// now, and in their segment at its upload (measured: 1.35x the
+    /// client's bytes under 1 MiB writes with a FLUSH every 64, after the
+    /// released part is punched). Small-write workloads never have that
+    /// much unsynced and keep the ring's ~130 µs FLUSH.
+    fn flush_seals(&self) -> bool {
+        let min = self.config.flush_seal_min_bytes;
+        min > 0 && self.store.is_local() && self.journal.unsynced_unreleased_bytes() >= min
+    }
+
+    /// Seals the open segment and waits, at most `flush_seal_wait_ms`, for
+    /// every segment up to it to be in the store. The journal's sync that
+    /// follows then punches their released records out of the ring
+    /// (`write/journal_disk.rs`) instead of writing them. Durability never
+    /// depends on this: the sync after it covers whatever is not stored
+    /// yet (an upload retrying a full disk, a wait cut short), as a FLUSH
+    /// did before it existed; only the disk bytes saved are lost then.
+    async fn flush_bulk_to_store(self: &Arc<Self>) {
+        let target_seq = {
+            let mut st = self.state.lock();
+            self.seal_locked(&mut st, false);
+            st.open.seq - 1
+        };
+        let stored = self.wait_until(|st| st.durable_seq >= target_seq || st.failed.is_some());
+        let wait = std::time::Duration::from_millis(self.config.flush_seal_wait_ms);
+        let outcome = match tokio::time::timeout(wait, stored).await {
+            Ok(()) => FlushSeal::Stored,
+            Err(_) => FlushSeal::TimedOut,
+        };
+        tracing::debug!(volume = %self.name, target_seq, ?outcome, "FLUSH sealed its bulk data");
+        self.counters.flush_sealed(outcome);
     }
 
     /// Seals what is open and waits until every segment up to it is stored.

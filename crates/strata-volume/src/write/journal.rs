@@ -227,6 +227,19 @@ impl Journal {
         (st.head_lpos - st.tail_lpos, self.sb.ring_bytes)
     }
 
+    /// Bytes appended since the last `fdatasync` began that the store does
+    /// not hold yet: what a FLUSH would sync in the ring.
+    pub fn unsynced_unreleased_bytes(&self) -> u64 {
+        // State is released before disk is taken: no nesting, whatever
+        // order others take them in.
+        let (head_lpos, tail_lpos) = {
+            let st = self.shared.state.lock();
+            (st.head_lpos, st.tail_lpos)
+        };
+        let synced_lpos = self.shared.disk.lock().synced_until();
+        head_lpos.saturating_sub(tail_lpos.max(synced_lpos))
+    }
+
     /// jseq of the newest record appended so far (0 if none).
     pub fn last_appended_jseq(&self) -> u64 {
         self.shared.state.lock().next_jseq - 1

@@ -179,6 +179,11 @@ impl JournalDisk {
         }
     }
 
+    /// Where the last `fdatasync` began: records before this are on disk.
+    pub fn synced_until(&self) -> u64 {
+        self.synced_until
+    }
+
     /// The ring was punched with the head at `head_lpos`.
     pub fn punched(&mut self, head_lpos: u64) {
         let (unsupported, min_bytes) = (self.punch_unsupported, self.punch_min_bytes);

@@ -75,6 +75,18 @@ const PER_VOLUME: &[PerVolume] = &[
         |v| v.zero_write_bytes_elided,
     ),
     (
+        Counter,
+        "strata_volume_flush_seals_total",
+        "FLUSHes (embedded store) that sealed and uploaded their bulk data rather than sync it in the journal, so it reached the disk once.",
+        |v| v.flush_seals.sealed,
+    ),
+    (
+        Counter,
+        "strata_volume_flush_seal_timeouts_total",
+        "Of those FLUSHes, the ones whose uploads took too long: the journal's sync covered the data (written to disk twice).",
+        |v| v.flush_seals.timed_out,
+    ),
+    (
         Gauge,
         "strata_volume_upload_pending_segments",
         "Sealed segments not yet in the store (uploading or waiting to).",
