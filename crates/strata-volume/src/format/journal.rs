@@ -174,9 +174,23 @@ impl RecordHeader {
 }
 
 fn record_crc(journal_id: &[u8; 16], header: &[u8], payload: &[u8]) -> u32 {
+    record_crc_with(journal_id, header, payload, None)
+}
+
+/// The record CRC; with `chunk_crcs` (the CRCs of the payload's whole 4 KiB
+/// chunks, `format/chunk_crcs.rs`) only the payload's tail is read.
+fn record_crc_with(
+    journal_id: &[u8; 16],
+    header: &[u8],
+    payload: &[u8],
+    chunk_crcs: Option<&[u32]>,
+) -> u32 {
     let crc = crc32c::crc32c(journal_id);
     let crc = crc32c::crc32c_append(crc, &header[0..36]);
-    crc32c::crc32c_append(crc, payload)
+    match chunk_crcs {
+        Some(crcs) => super::chunk_crcs::append_with_chunk_crcs(crc, payload, crcs),
+        None => crc32c::crc32c_append(crc, payload),
+    }
 }
 
 /// Appends one whole record (header, payload, padding) to `out`.
@@ -190,6 +204,22 @@ pub fn encode_record(
     len: u64,
     payload: &[u8],
 ) {
+    encode_record_with(out, journal_id, kind, jseq, offset, len, payload, None);
+}
+
+/// `encode_record`, given the CRCs of the payload's whole 4 KiB chunks
+/// (`format/chunk_crcs.rs`): the same bytes, without a CRC pass over them.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_record_with(
+    out: &mut Vec<u8>,
+    journal_id: &[u8; 16],
+    kind: RecordKind,
+    jseq: u64,
+    offset: u64,
+    len: u64,
+    payload: &[u8],
+    chunk_crcs: Option<&[u32]>,
+) {
     let mut h = [0u8; RECORD_HEADER_BYTES as usize];
     h[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
     h[4] = kind as u8;
@@ -197,7 +227,7 @@ pub fn encode_record(
     h[16..24].copy_from_slice(&offset.to_le_bytes());
     h[24..32].copy_from_slice(&len.to_le_bytes());
     h[32..36].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    let crc = record_crc(journal_id, &h, payload);
+    let crc = record_crc_with(journal_id, &h, payload, chunk_crcs);
     h[36..40].copy_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(&h);
     out.extend_from_slice(payload);
@@ -243,5 +273,37 @@ mod tests {
         let mut bad = out.clone();
         bad[4] = 9;
         assert!(RecordHeader::decode(&bad).is_none(), "unknown kind");
+    }
+
+    #[test]
+    fn a_record_encoded_from_chunk_crcs_is_the_same_record() {
+        let payload: Vec<u8> = (0..(70u32 << 10) + 123)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        for len in [0usize, 100, 4096, 8192, 8193, payload.len()] {
+            let p = &payload[..len];
+            let crcs = crate::format::chunk_crcs::whole_chunk_crcs(p);
+            let (mut plain, mut with) = (Vec::new(), Vec::new());
+            encode_record(
+                &mut plain,
+                &[3; 16],
+                RecordKind::Write,
+                9,
+                4096,
+                len as u64,
+                p,
+            );
+            encode_record_with(
+                &mut with,
+                &[3; 16],
+                RecordKind::Write,
+                9,
+                4096,
+                len as u64,
+                p,
+                Some(&crcs),
+            );
+            assert!(plain == with, "len {len}");
+        }
     }
 }

@@ -12,6 +12,7 @@ pub mod access_profile;
 pub(crate) mod bytes;
 pub mod cache_file;
 pub mod checkpoint;
+pub mod chunk_crcs;
 pub mod clone_marker;
 pub mod diff_file;
 pub mod envelope;

@@ -117,6 +117,20 @@ pub fn encode_header(
     entries: &[Entry],
     data: &[u8],
 ) -> Vec<u8> {
+    encode_header_with(seq, volume_uuid, span, entries, data, &[])
+}
+
+/// `encode_header`, given the CRCs of some chunks already (`known[i]`:
+/// chunk `i`'s, computed from a client's write: `format/chunk_crcs.rs`);
+/// the others are computed here.
+pub fn encode_header_with(
+    seq: u64,
+    volume_uuid: &[u8; 16],
+    span: &JournalSpan,
+    entries: &[Entry],
+    data: &[u8],
+    known: &[Option<u32>],
+) -> Vec<u8> {
     let chunk_count = data.len().div_ceil(CHUNK_BYTES as usize);
     let header_bytes = FIXED_HEADER_BYTES + 4 * chunk_count + ENTRY_BYTES * entries.len();
     let fixed = FixedHeader {
@@ -133,8 +147,15 @@ pub fn encode_header(
     };
     let mut h = Vec::with_capacity(header_bytes);
     fixed.encode_into(&mut h);
-    for chunk in data.chunks(CHUNK_BYTES as usize) {
-        h.extend_from_slice(&crc32c::crc32c(chunk).to_le_bytes());
+    for (i, chunk) in data.chunks(CHUNK_BYTES as usize).enumerate() {
+        let crc = match known.get(i).copied().flatten() {
+            Some(crc) => {
+                debug_assert_eq!(crc, crc32c::crc32c(chunk), "chunk {i}'s CRC");
+                crc
+            }
+            None => crc32c::crc32c(chunk),
+        };
+        h.extend_from_slice(&crc.to_le_bytes());
     }
     for e in entries {
         encode_entry(&mut h, e);

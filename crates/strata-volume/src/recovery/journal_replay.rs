@@ -119,6 +119,7 @@ pub(crate) fn replay_journal(
             rec.offset,
             rec.len,
             &rec.payload,
+            &[],
             cost,
             rec.jseq,
             rec.end_lpos,

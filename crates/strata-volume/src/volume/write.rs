@@ -44,8 +44,18 @@ impl Volume {
                 .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
             return Ok(());
         }
-        self.log_op(RecordKind::Write, offset, data.len() as u64, data, fua)
-            .await
+        // Once per write, before the lock: the journal record's CRC and the
+        // segment's chunk table both come from these.
+        let chunk_crcs = crate::format::chunk_crcs::whole_chunk_crcs(data);
+        self.log_op_with(
+            RecordKind::Write,
+            offset,
+            data.len() as u64,
+            data,
+            &chunk_crcs,
+            fua,
+        )
+        .await
     }
 
     /// Unmaps a range: it reads as zeros and costs no storage.
@@ -150,6 +160,19 @@ impl Volume {
         data: &[u8],
         fua: bool,
     ) -> Result<(), VolumeError> {
+        self.log_op_with(kind, offset, len, data, &[], fua).await
+    }
+
+    /// `log_op` with the CRCs of `data`'s whole 4 KiB chunks.
+    async fn log_op_with(
+        self: &Arc<Self>,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+        chunk_crcs: &[u32],
+        fua: bool,
+    ) -> Result<(), VolumeError> {
         self.check_range(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -164,7 +187,7 @@ impl Volume {
             let notified = self.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let reason = match self.try_log_op(kind, offset, len, data)? {
+            let reason = match self.try_log_op(kind, offset, len, (data, chunk_crcs))? {
                 Ok(jseq) => break jseq,
                 Err(reason) => reason,
             };
@@ -205,7 +228,7 @@ impl Volume {
         kind: RecordKind,
         offset: u64,
         len: u64,
-        data: &[u8],
+        (data, chunk_crcs): (&[u8], &[u32]),
     ) -> Result<Result<u64, WaitFor>, VolumeError> {
         let cost = record_bytes(data.len());
         let mut st = self.state.lock();
@@ -246,11 +269,15 @@ impl Volume {
             // now. Wait for a renewal (or fencing) before acknowledging.
             return Ok(Err(WaitFor::Lease));
         }
-        let Some((jseq, end_lpos)) = self.journal.try_append(kind, offset, len, data) else {
+        let crcs = (!chunk_crcs.is_empty()).then_some(chunk_crcs);
+        let Some((jseq, end_lpos)) = self.journal.try_append_with(kind, offset, len, data, crcs)
+        else {
             return Ok(Err(WaitFor::Journal));
         };
         let was_empty = st.open.is_empty();
-        apply_op(&mut st, kind, offset, len, data, cost, jseq, end_lpos);
+        apply_op(
+            &mut st, kind, offset, len, data, chunk_crcs, cost, jseq, end_lpos,
+        );
         if was_empty {
             // Its age counts from now: housekeeping seals it when due.
             self.housekeeping.notify_one();

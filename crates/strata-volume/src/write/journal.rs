@@ -107,12 +107,26 @@ impl Journal {
 
     /// Appends a record; returns its jseq and the logical position after
     /// it, or `None` when the ring has no room (wait for `release_to`).
+    #[cfg(test)]
     pub fn try_append(
         &self,
         kind: RecordKind,
         offset: u64,
         len: u64,
         payload: &[u8],
+    ) -> Option<(u64, u64)> {
+        self.try_append_with(kind, offset, len, payload, None)
+    }
+
+    /// `try_append`, given the CRCs of the payload's whole 4 KiB chunks
+    /// (`format/chunk_crcs.rs`): the record's CRC is combined from them.
+    pub fn try_append_with(
+        &self,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        payload: &[u8],
+        chunk_crcs: Option<&[u32]>,
     ) -> Option<(u64, u64)> {
         let ring = self.sb.ring_bytes;
         let rec = record_bytes(payload.len());
@@ -134,6 +148,7 @@ impl Journal {
                     0,
                     0,
                     &[],
+                    None,
                 );
             }
             st.head_lpos += waste;
@@ -150,6 +165,7 @@ impl Journal {
             offset,
             len,
             payload,
+            chunk_crcs,
         );
         st.head_lpos += rec;
         st.next_jseq += 1;

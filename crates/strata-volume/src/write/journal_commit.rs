@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::Notify;
 
-use crate::format::journal::{encode_record, RecordKind, SUPERBLOCK_BYTES};
+use crate::format::journal::{encode_record_with, RecordKind, SUPERBLOCK_BYTES};
 
 pub(crate) struct AppendState {
     pub(crate) head_lpos: u64,
@@ -63,11 +63,12 @@ pub(crate) fn push_record(
     offset: u64,
     len: u64,
     payload: &[u8],
+    chunk_crcs: Option<&[u32]>,
 ) {
     if st.runs.is_empty() {
         st.runs.push((phys, 0));
     }
-    encode_record(
+    encode_record_with(
         &mut st.pending,
         journal_id,
         kind,
@@ -75,6 +76,7 @@ pub(crate) fn push_record(
         offset,
         len,
         payload,
+        chunk_crcs,
     );
 }
 

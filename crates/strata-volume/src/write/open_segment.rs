@@ -26,6 +26,9 @@ pub struct OpenSegment {
     /// size): an idle volume holds no segment buffer, and a written one
     /// fills one allocation without growing it.
     pub reserve_bytes: usize,
+    /// CRCs of `data`'s 4 KiB chunks where a client's write gave them
+    /// (`note_chunk_crcs`); the seal computes the others.
+    pub chunk_crcs: Vec<Option<u32>>,
 }
 
 impl OpenSegment {
@@ -45,6 +48,27 @@ impl OpenSegment {
             opened_at: std::time::Instant::now(),
             gc_copies: 0,
             reserve_bytes: 0,
+            chunk_crcs: Vec::new(),
+        }
+    }
+
+    /// Keeps the CRCs of the whole 4 KiB chunks of a write's bytes, pushed
+    /// at `data_offset` (`format/chunk_crcs.rs`), as this segment's chunk
+    /// table entries: only when the bytes start on a chunk boundary (each
+    /// of those chunks is then exactly one of the write's). A chunk a write
+    /// only partly fills is left to the seal, as are all of a write that
+    /// starts mid-chunk.
+    pub fn note_chunk_crcs(&mut self, data_offset: u64, crcs: &[u32]) {
+        let chunk = segment::CHUNK_BYTES;
+        if crcs.is_empty() || !data_offset.is_multiple_of(chunk) {
+            return;
+        }
+        let first = (data_offset / chunk) as usize;
+        let chunks = (self.data.len() as u64).div_ceil(chunk) as usize;
+        debug_assert!(first + crcs.len() <= chunks);
+        self.chunk_crcs.resize(chunks, None);
+        for (slot, &crc) in self.chunk_crcs[first..].iter_mut().zip(crcs) {
+            *slot = Some(crc);
         }
     }
 
@@ -124,6 +148,7 @@ impl OpenSegment {
             span: self.span,
             cost_bytes: self.cost_bytes,
             gc_copies: self.gc_copies,
+            chunk_crcs: self.chunk_crcs,
         }
     }
 }
@@ -137,6 +162,8 @@ pub struct SealedSegment {
     pub span: JournalSpan,
     pub cost_bytes: u64,
     pub gc_copies: u32,
+    /// `OpenSegment::chunk_crcs`.
+    pub chunk_crcs: Vec<Option<u32>>,
 }
 
 /// Lets a sealed segment's buffer be an upload payload without a copy.
@@ -156,7 +183,14 @@ impl SealedSegment {
 
     /// The header of the object (the data area follows it).
     pub fn encode_header(&self, volume_uuid: &[u8; 16]) -> Vec<u8> {
-        segment::encode_header(self.seq, volume_uuid, &self.span, &self.entries, &self.data)
+        segment::encode_header_with(
+            self.seq,
+            volume_uuid,
+            &self.span,
+            &self.entries,
+            &self.data,
+            &self.chunk_crcs,
+        )
     }
 }
 
@@ -184,5 +218,35 @@ mod tests {
         assert_eq!(entries, sealed.entries);
         assert!(idx.verify(0, &sealed.data).is_ok());
         assert_eq!(sealed.data_bytes().len(), 10000);
+    }
+
+    #[test]
+    fn chunk_crcs_from_writes_give_the_header_the_seal_would_compute() {
+        use crate::format::chunk_crcs::whole_chunk_crcs;
+        let mut s = OpenSegment::new(7, Vec::new(), [9; 16]);
+        let mut jseq = 0;
+        // Aligned, then a partial chunk, then unaligned, then a GC copy,
+        // then aligned again after padding to a boundary.
+        for (len, with_crcs) in [
+            (65_536usize, true),
+            (5000, true),
+            (8192, true),
+            (4096, false),
+            (3192, false),
+            (12_288, true),
+        ] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 13 + len) as u8).collect();
+            jseq += 1;
+            let at = s.push(EntryKind::Write, 0, len as u64, &data, 1, jseq, jseq * 100);
+            if with_crcs {
+                s.note_chunk_crcs(at, &whole_chunk_crcs(&data));
+            }
+        }
+        s.push_copy(1 << 20, &[5u8; 4096], 1);
+        assert!(s.chunk_crcs.iter().filter(|c| c.is_some()).count() >= 19);
+        let sealed = s.seal();
+        let plain =
+            segment::encode_header(7, &[5; 16], &sealed.span, &sealed.entries, &sealed.data);
+        assert!(sealed.encode_header(&[5; 16]) == plain);
     }
 }

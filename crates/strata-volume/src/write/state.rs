@@ -258,6 +258,7 @@ pub(crate) fn apply_op(
     offset: u64,
     len: u64,
     data: &[u8],
+    chunk_crcs: &[u32],
     cost: u64,
     jseq: u64,
     end_lpos: u64,
@@ -270,6 +271,9 @@ pub(crate) fn apply_op(
     let data_offset = st
         .open
         .push(entry_kind, offset, len, data, cost, jseq, end_lpos);
+    if entry_kind == EntryKind::Write {
+        st.open.note_chunk_crcs(data_offset, chunk_crcs);
+    }
     let target = match entry_kind {
         EntryKind::Write => Some(Target::Data {
             seq: st.open.seq,
