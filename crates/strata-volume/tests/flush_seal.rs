@@ -36,6 +36,16 @@ fn store(dir: &FsPath) -> Store {
     Store::local(&dir.join("store")).unwrap()
 }
 
+/// The same store with 400 ms added to every write call (its reads bypass
+/// the layers): an upload cannot be stored within a short FLUSH wait.
+fn slow_store(dir: &FsPath) -> Store {
+    let layers = strata_store::LayerConfig {
+        faults: Some(strata_store::FaultConfig::parse("latency_ms=400,seed=1").unwrap()),
+        ..strata_store::LayerConfig::default()
+    };
+    Store::local_with(&dir.join("store"), &layers).unwrap()
+}
+
 fn pattern(i: u64, len: u64) -> Vec<u8> {
     (0..len)
         .map(|b| (i * 131 + b * 7 + b / 4096) as u8)
@@ -179,11 +189,12 @@ fn a_crash_after_a_sealing_flush_or_one_that_timed_out_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     let mut model = vec![0u8; VOLUME_BYTES as usize];
-    // The uploads in time; then a wait of 0 ms, which cannot see them
-    // stored: the journal's sync must cover the data.
+    // The uploads in time; then uploads that take 400 ms against a wait of
+    // 50: the journal's sync must cover the data.
     let stored = flush_then_crash(&store, dir.path(), &mut model, 0, 3 * MIB, 2_000);
     assert_eq!((stored.sealed, stored.timed_out), (1, 0), "{stored:?}");
-    let timed_out = flush_then_crash(&store, dir.path(), &mut model, 8 * MIB, 2 * MIB, 0);
+    let slow = slow_store(dir.path());
+    let timed_out = flush_then_crash(&slow, dir.path(), &mut model, 8 * MIB, 2 * MIB, 50);
     assert_eq!(
         (timed_out.sealed, timed_out.timed_out),
         (1, 1),
