@@ -120,36 +120,31 @@ async fn a_flush_after_bulk_writes_stores_them_and_a_small_one_syncs_the_journal
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_flush_seal_off_or_a_remote_store_a_flush_only_syncs_the_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
-    c.flush_seal_min_bytes = 0;
-    let engine = Engine::new(store(dir.path()), c).unwrap();
-    let vol = open(&engine).await;
-    let mut model = vec![0u8; VOLUME_BYTES as usize];
-    write_mib(&vol, &mut model, 0, 3 * MIB).await;
-    vol.flush().await.unwrap();
-    let st = vol.stats();
-    assert_eq!(
-        (st.flush_seals.sealed, st.segments_uploaded),
-        (0, 0),
-        "{st:?}"
-    );
-    engine.close_all().await.unwrap();
-
     // The in-memory store stands for S3 here: an upload is a request, not
     // a local file's write, and a FLUSH never waits for one.
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::new(Store::in_memory(), config(dir.path())).unwrap();
-    let vol = open(&engine).await;
-    write_mib(&vol, &mut model, 0, 3 * MIB).await;
-    vol.flush().await.unwrap();
-    let st = vol.stats();
-    assert_eq!(
-        (st.flush_seals.sealed, st.segments_uploaded),
-        (0, 0),
-        "{st:?}"
-    );
-    engine.close_all().await.unwrap();
+    for case in ["embedded, seal off", "remote"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        let store = match case {
+            "remote" => Store::in_memory(),
+            _ => {
+                c.flush_seal_min_bytes = 0;
+                store(dir.path())
+            }
+        };
+        let engine = Engine::new(store, c).unwrap();
+        let vol = open(&engine).await;
+        let mut model = vec![0u8; VOLUME_BYTES as usize];
+        write_mib(&vol, &mut model, 0, 3 * MIB).await;
+        vol.flush().await.unwrap();
+        let st = vol.stats();
+        assert_eq!(
+            (st.flush_seals.sealed, st.segments_uploaded),
+            (0, 0),
+            "{case}: {st:?}"
+        );
+        engine.close_all().await.unwrap();
+    }
 }
 
 /// Writes `bulk` bytes and FLUSHes them, then writes 1 MiB more, on a

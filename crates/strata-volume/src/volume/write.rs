@@ -125,23 +125,24 @@ impl Volume {
     /// yet (an upload retrying a full disk, a wait cut short), as a FLUSH
     /// did before it existed; only the disk bytes saved are lost then.
     async fn flush_bulk_to_store(self: &Arc<Self>) {
-        let target_seq = {
-            let mut st = self.state.lock();
-            self.seal_locked(&mut st, false);
-            st.open.seq - 1
-        };
-        let stored = self.wait_until(|st| st.durable_seq >= target_seq || st.failed.is_some());
         let wait = std::time::Duration::from_millis(self.config.flush_seal_wait_ms);
-        let outcome = match tokio::time::timeout(wait, stored).await {
+        let outcome = match tokio::time::timeout(wait, self.seal_and_wait_stored()).await {
             Ok(()) => FlushSeal::Stored,
             Err(_) => FlushSeal::TimedOut,
         };
-        tracing::debug!(volume = %self.name, target_seq, ?outcome, "FLUSH sealed its bulk data");
+        tracing::debug!(volume = %self.name, ?outcome, "FLUSH sealed its bulk data");
         self.counters.flush_sealed(outcome);
     }
 
     /// Seals what is open and waits until every segment up to it is stored.
     async fn flush_to_store(self: &Arc<Self>) -> Result<(), VolumeError> {
+        self.seal_and_wait_stored().await;
+        self.check_failed()
+    }
+
+    /// Seals the open segment and waits until every segment up to it is in
+    /// the store, or the volume failed.
+    async fn seal_and_wait_stored(self: &Arc<Self>) {
         let target_seq = {
             let mut st = self.state.lock();
             self.seal_locked(&mut st, false);
@@ -149,7 +150,6 @@ impl Volume {
         };
         self.wait_until(|st| st.durable_seq >= target_seq || st.failed.is_some())
             .await;
-        self.check_failed()
     }
 
     async fn log_op(
@@ -187,7 +187,7 @@ impl Volume {
             let notified = self.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let reason = match self.try_log_op(kind, offset, len, (data, chunk_crcs))? {
+            let reason = match self.try_log_op(kind, offset, len, data, chunk_crcs)? {
                 Ok(jseq) => break jseq,
                 Err(reason) => reason,
             };
@@ -228,7 +228,8 @@ impl Volume {
         kind: RecordKind,
         offset: u64,
         len: u64,
-        (data, chunk_crcs): (&[u8], &[u32]),
+        data: &[u8],
+        chunk_crcs: &[u32],
     ) -> Result<Result<u64, WaitFor>, VolumeError> {
         let cost = record_bytes(data.len());
         let mut st = self.state.lock();

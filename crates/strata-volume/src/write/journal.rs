@@ -80,6 +80,7 @@ impl Journal {
             wake_writer: Condvar::new(),
             written_jseq: AtomicU64::new(head.jseq - 1),
             synced_jseq: AtomicU64::new(head.jseq - 1),
+            synced_lpos: AtomicU64::new(head.lpos),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             progress: Notify::new(),
@@ -244,16 +245,13 @@ impl Journal {
     }
 
     /// Bytes appended since the last `fdatasync` began that the store does
-    /// not hold yet: what a FLUSH would sync in the ring.
+    /// not hold yet: what a FLUSH would sync in the ring. Never waits for the
+    /// writer's `disk` lock (held across a batch's `pwrite`); an idle punch
+    /// leaves `synced_lpos` behind, but only with the tail at the head.
     pub fn unsynced_unreleased_bytes(&self) -> u64 {
-        // State is released before disk is taken: no nesting, whatever
-        // order others take them in.
-        let (head_lpos, tail_lpos) = {
-            let st = self.shared.state.lock();
-            (st.head_lpos, st.tail_lpos)
-        };
-        let synced_lpos = self.shared.disk.lock().synced_until();
-        head_lpos.saturating_sub(tail_lpos.max(synced_lpos))
+        let synced_lpos = self.shared.synced_lpos.load(Ordering::Acquire);
+        let st = self.shared.state.lock();
+        st.head_lpos.saturating_sub(st.tail_lpos.max(synced_lpos))
     }
 
     /// jseq of the newest record appended so far (0 if none).

@@ -43,6 +43,10 @@ pub(crate) struct Shared {
     pub(crate) wake_writer: Condvar,
     pub(crate) written_jseq: AtomicU64,
     pub(crate) synced_jseq: AtomicU64,
+    /// The logical position the last `fdatasync` began at (what
+    /// `JournalDisk::before_sync` returned), readable without `disk`: its
+    /// holder may be in the middle of a batch's `pwrite`.
+    pub(crate) synced_lpos: AtomicU64,
     pub(crate) failed: AtomicBool,
     pub(crate) failure: Mutex<Option<String>>,
     pub(crate) progress: Notify,
@@ -155,7 +159,8 @@ pub(crate) fn writer_loop(file: &File, shared: &Shared, ring: u64) {
                 // every batch written so far, and later ones land after it.
                 if syncing {
                     let tail_lpos = shared.state.lock().tail_lpos;
-                    shared.disk.lock().before_sync(file, ring, tail_lpos);
+                    let synced_lpos = shared.disk.lock().before_sync(file, ring, tail_lpos);
+                    shared.synced_lpos.store(synced_lpos, Ordering::Release);
                 }
             })
         };

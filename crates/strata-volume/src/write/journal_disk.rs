@@ -156,8 +156,9 @@ impl JournalDisk {
     /// written since the last one, if large enough (see the module doc).
     /// The caller holds the journal's `write_lock` (no batch lands in the
     /// ring meanwhile). Never fails: a punch refused leaves the bytes to be
-    /// synced, as they were before this existed.
-    pub fn before_sync(&mut self, file: &File, ring: u64, tail_lpos: u64) {
+    /// synced, as they were before this existed. Returns the position the
+    /// sync covers (the end of the last batch written).
+    pub fn before_sync(&mut self, file: &File, ring: u64, tail_lpos: u64) -> u64 {
         // Only this lap's bytes: what is a ring or more behind the last
         // batch lies under newer records.
         let from = self
@@ -167,7 +168,7 @@ impl JournalDisk {
         let until = tail_lpos.min(self.written_until) / PAGE_BYTES * PAGE_BYTES;
         self.synced_until = self.written_until;
         if self.punch_unsupported || until < from + self.punch_min_bytes {
-            return;
+            return self.synced_until;
         }
         debug_assert!(until <= tail_lpos, "punching records not yet released");
         let punched = for_ring_pieces(ring, from, until, |a, b| {
@@ -177,10 +178,6 @@ impl JournalDisk {
             tracing::debug!(error = %e, "released journal bytes not punched; they are synced instead");
             self.punch_unsupported = true;
         }
-    }
-
-    /// Where the last `fdatasync` began: records before this are on disk.
-    pub fn synced_until(&self) -> u64 {
         self.synced_until
     }
 
