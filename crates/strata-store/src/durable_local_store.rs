@@ -97,7 +97,7 @@ fn io_error(what: &'static str, path: &FsPath, source: std::io::Error) -> Error 
 
 /// Creates the directories from `root` down to `dir` that are missing,
 /// each synced into its parent.
-fn create_dirs_durably(root: &FsPath, dir: &FsPath) -> std::io::Result<()> {
+pub(crate) fn create_dirs_durably(root: &FsPath, dir: &FsPath) -> std::io::Result<()> {
     let Ok(rel) = dir.strip_prefix(root) else {
         return std::fs::create_dir_all(dir);
     };

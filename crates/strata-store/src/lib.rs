@@ -40,6 +40,7 @@ mod recycled_files;
 mod retry_policy;
 mod retrying_object_store;
 mod s3_config;
+mod staged_files;
 mod store;
 mod store_check;
 mod store_failure;
@@ -58,6 +59,7 @@ pub use explaining_object_store::{ExplainingObjectStore, StorePlace};
 pub use instance_metadata::InstanceMetadata;
 pub use recycled_files::{RecycleSnapshot, DEFAULT_RECYCLE_BYTES, MIN_RECYCLE_BYTES, RECYCLE_DIR};
 pub use s3_config::{HttpMode, S3Config};
+pub use staged_files::{parse_staged_name, remove_staged_path, StagedFile, TAG_MAX, TAG_MIN};
 pub use store_failure::{FailureKind, StoreFailure};
 
 pub use local_reader::LocalFile;

@@ -58,6 +58,9 @@ pub struct Store {
     retry: RetryPolicy,
     /// For an S3 store: the bucket root and what opening a sibling needs.
     bucket: Option<Arc<Bucket>>,
+    /// The embedded store without fault injection: objects may be staged
+    /// in files (`staged_files.rs`), written outside the layers.
+    stages_files: bool,
 }
 
 /// What an S3 store keeps to open the same bucket under another prefix.
@@ -256,6 +259,9 @@ impl Store {
         let mut store = Store::from_object_store(fs, format!("file://{}", dir.display()), layers);
         store.local_reader = Some(Arc::new(LocalReader::new(dir)));
         store.recycle = recycle;
+        // Staged files are written outside the layers: a store that
+        // injects faults into writes keeps every write going through them.
+        store.stages_files = layers.faults.is_none();
         Ok(store)
     }
 
@@ -275,6 +281,7 @@ impl Store {
             http_versions: None,
             layered: Arc::new(layered),
             bucket: None,
+            stages_files: false,
         }
     }
 
@@ -449,6 +456,51 @@ impl Store {
         })
         .await
         .map_err(std::io::Error::other)?
+    }
+
+    /// Whether objects can be staged in files (`staged_files.rs`): the
+    /// embedded store, when no layer injects faults into writes.
+    pub fn stages_files(&self) -> bool {
+        self.stages_files
+    }
+
+    /// Creates the staged file of the object at `location` (`None` when
+    /// the store does not stage files). Blocking.
+    pub fn create_staged(
+        &self,
+        location: &Path,
+        tag: u64,
+    ) -> Option<std::io::Result<crate::StagedFile>> {
+        let reader = self.local_reader.as_ref().filter(|_| self.stages_files)?;
+        Some(crate::StagedFile::create(
+            reader,
+            self.recycle.as_deref(),
+            location,
+            tag,
+        ))
+    }
+
+    /// Opens the staged file of `location` with `tag` for reading
+    /// (`None` for a store without files). Blocking.
+    pub fn open_staged(&self, location: &Path, tag: u64) -> Option<std::io::Result<std::fs::File>> {
+        let reader = self.local_reader.as_ref()?;
+        Some(crate::staged_files::open_staged(
+            reader.root(),
+            location,
+            tag,
+        ))
+    }
+
+    /// The staged files under `prefix` (a directory): object name, tag and
+    /// staging path; empty for a store without files. Blocking.
+    pub fn list_staged(
+        &self,
+        prefix: &Path,
+    ) -> std::io::Result<Vec<(String, u64, std::path::PathBuf)>> {
+        match &self.local_reader {
+            Some(r) => crate::staged_files::list_staged(&r.root().join(prefix.as_ref())),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// The underlying object store.

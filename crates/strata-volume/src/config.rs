@@ -81,6 +81,11 @@ pub struct VolumeConfig {
     /// bytes in the ring after all (an upload retrying a failing disk must
     /// not hold FLUSHes up: the ring has the bytes).
     pub flush_seal_wait_ms: u64,
+    /// On the embedded store, a write of at least this many bytes to a
+    /// volume that neither compresses nor encrypts goes straight into its
+    /// segment's file, and the journal gets a pointer to it instead of the
+    /// bytes (`write/staged_segment.rs`): one copy per byte. 0 never does.
+    pub bulk_write_min_bytes: u64,
     /// RAM cache of segment data, shared by all volumes of a server.
     pub cache_bytes: u64,
     /// Local-disk cache of segment data, shared by all volumes of a server:
@@ -254,6 +259,7 @@ impl VolumeConfig {
             journal_bytes: 256 * MIB,
             journal_punch_min_bytes: 8 * MIB,
             flush_seal_min_bytes: 8 * MIB,
+            bulk_write_min_bytes: 64 << 10,
             flush_seal_wait_ms: 2_000,
             cache_bytes: 256 * MIB,
             disk_cache_bytes: 0,

@@ -41,6 +41,12 @@ pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
     "flatten.after_manifest",
 ];
 
+/// Crash points of a segment published from its staged file
+/// (`volume/staged.rs`): once its header and the bytes not yet in it are
+/// written, before the sync and link; after the link, before the upload
+/// is counted durable.
+pub const STAGED_CRASH_POINTS: &[&str] = &["staged.before_publish", "staged.after_publish"];
+
 /// Right after a fragmented read's pieces were repointed to the open
 /// segment, before that segment is stored (`gc/read_rewrite.rs`).
 pub const READ_REWRITE_CRASH_POINT: &str = "gc.after_read_rewrite";

@@ -54,7 +54,9 @@ pub use config::{
     auto_disk_cache_bytes, Durability, GcConfig, HydrateConfig, HydrateMode, VolumeConfig,
     DEFAULT_LEASE_TTL_MS, GC_GRACE_EMBEDDED_MS, GC_GRACE_REMOTE_MS, MIN_LEASE_TTL_MS,
 };
-pub use crash_point::{GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS};
+pub use crash_point::{
+    GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS, STAGED_CRASH_POINTS,
+};
 pub use engine::diffs::DiffSummary;
 pub use engine::images::{ImageSink, ImageSummary};
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};

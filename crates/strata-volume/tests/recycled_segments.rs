@@ -22,6 +22,10 @@ const VOLUME_BYTES: u64 = 64 * MIB;
 const SPAN: u64 = 4 * MIB;
 
 fn config(dir: &FsPath) -> VolumeConfig {
+    config_with(dir, strata_volume::Durability::Remote)
+}
+
+fn config_with(dir: &FsPath, durability: strata_volume::Durability) -> VolumeConfig {
     let mut c = VolumeConfig::new(dir.join("data"));
     c.segment_bytes = 2 * MIB;
     c.max_write_bytes = MIB;
@@ -31,8 +35,9 @@ fn config(dir: &FsPath) -> VolumeConfig {
     c.checkpoint_every_segments = 2;
     c.readahead_max_bytes = 0;
     c.compression = strata_volume::Compression::None;
-    // A FLUSH returns once everything is stored.
-    c.durability = strata_volume::Durability::Remote;
+    // Remote: a FLUSH returns once everything is stored. Local: bulk
+    // writes go straight into their segment's file (a pooled one).
+    c.durability = durability;
     // GC runs when the test says, and deletes at once.
     c.gc.enabled = false;
     c.gc.grace_ms = 0;
@@ -132,6 +137,62 @@ async fn a_recycled_segment_file_never_serves_old_or_new_bytes_in_the_wrong_plac
     let vol = engine.open_volume("v").await.unwrap();
     expect_gen(&vol, 4, 0, "reopened").await;
     expect_gen(&vol, 3, SPAN, "reopened, recycled files").await;
+    drop(vol);
+    engine.close_all().await.unwrap();
+}
+
+/// Waits until every sealed segment is stored (local durability: a FLUSH
+/// does not wait for uploads).
+async fn uploaded(vol: &Arc<Volume>) {
+    for _ in 0..500 {
+        if vol.stats().upload_pending_segments == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("uploads did not finish: {:?}", vol.stats());
+}
+
+/// With local durability, 1 MiB writes go straight into the open
+/// segment's file (`write/staged_segment.rs`), which is a pooled file when
+/// the pool has one: old bytes under the new segment's name, until each
+/// place is written. Every generation reads back right through memory,
+/// the published files and a fresh engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recycled_file_as_the_open_segments_file_never_serves_old_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let local = strata_volume::Durability::Local;
+    let engine = Engine::new(store.clone(), config_with(dir.path(), local)).unwrap();
+    engine.create_volume("v", VOLUME_BYTES).await.unwrap();
+    let vol = engine.open_volume("v").await.unwrap();
+    for (g, start) in [(1, 0), (2, 0)] {
+        write_gen(&vol, g, start).await;
+        vol.flush().await.unwrap();
+        uploaded(&vol).await;
+        expect_gen(&vol, g, start, "published").await;
+    }
+    let report = vol.gc_now(true).await.unwrap();
+    assert!(report.objects_deleted >= 2, "{report:?}");
+    // Generation 3 elsewhere: placed into pooled files.
+    write_gen(&vol, 3, SPAN).await;
+    expect_gen(&vol, 3, SPAN, "in memory, placed").await;
+    vol.flush().await.unwrap();
+    uploaded(&vol).await;
+    let s = vol.stats();
+    assert!(s.placed_write_bytes >= SPAN, "{s:?}");
+    assert!(s.staged_segments_published >= 6, "{s:?}");
+    let reused = store.stats().recycle.unwrap();
+    assert!(reused.reused_files >= 2, "{reused:?}");
+    expect_gen(&vol, 2, 0, "after recycling").await;
+    expect_gen(&vol, 3, SPAN, "published from pooled files").await;
+    drop(vol);
+    engine.close_all().await.unwrap();
+    drop(engine);
+    let engine = Engine::new(store.clone(), config_with(dir.path(), local)).unwrap();
+    let vol = engine.open_volume("v").await.unwrap();
+    expect_gen(&vol, 2, 0, "reopened").await;
+    expect_gen(&vol, 3, SPAN, "reopened, published from pooled files").await;
     drop(vol);
     engine.close_all().await.unwrap();
 }

@@ -675,6 +675,14 @@ pub struct Budgets {
     #[arg(long, default_value = "8MiB", value_name = "SIZE", hide = true)]
     pub flush_seal_min_size: String,
 
+    /// On the embedded store, writes of at least this size to a volume that
+    /// neither compresses nor encrypts go straight into their segment's
+    /// file, the journal recording where (default 64KiB; 0 never: every
+    /// write's bytes go through the journal; the power-loss loop lowers it
+    /// so its small writes take that path under the power cuts).
+    #[arg(long, default_value = "64KiB", value_name = "SIZE", hide = true)]
+    pub bulk_write_min_size: String,
+
     /// RAM cache for data read back from the store, shared by all volumes.
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub cache_size: String,

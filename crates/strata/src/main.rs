@@ -309,6 +309,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
         config.journal_punch_min_bytes =
             size_option("--journal-punch-min-size", &b.journal_punch_min_size)?;
         config.flush_seal_min_bytes = size_option("--flush-seal-min-size", &b.flush_seal_min_size)?;
+        config.bulk_write_min_bytes = size_option("--bulk-write-min-size", &b.bulk_write_min_size)?;
         config.cache_bytes = size_option("--cache-size", &b.cache_size)?;
         config.max_parallel_uploads = b.parallel_uploads;
         config.max_parallel_uploads_total = b.parallel_uploads_total;

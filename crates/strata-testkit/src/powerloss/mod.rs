@@ -182,13 +182,15 @@ impl<'a> Loop<'a> {
             env,
             log: dir.join("strata.log"),
         };
-        strata.run(&[
-            "volume",
-            "create",
-            VOLUME,
-            "--size",
-            &VOLUME_BYTES.to_string(),
-        ])?;
+        // With extras the volume is plain: its writes of two blocks or
+        // more are placed in their segment's file (`serve_args`), which
+        // compressed volumes never do; without, it is lz4 (the default).
+        let size = VOLUME_BYTES.to_string();
+        let mut create = vec!["volume", "create", VOLUME, "--size", &size];
+        if cfg.extras {
+            create.extend(["--compression", "none"]);
+        }
+        strata.run(&create)?;
         let client = Client::start(dir, REGION_BLOCKS)?;
         let mut l = Loop {
             cfg,
@@ -459,6 +461,13 @@ fn serve_args(extras: bool) -> Vec<String> {
                 // every FLUSH syncs the journal, as small-write ones do.
                 "--flush-seal-min-size",
                 "16KiB",
+                // Writes of two blocks or more go straight into their
+                // segment's file, the journal recording where (64 KiB by
+                // default: only this loop's larger writes): pointer
+                // records, staged files and their syncs under the cuts,
+                // next to one-block writes through the journal.
+                "--bulk-write-min-size",
+                "8KiB",
             ]
             .iter()
             .map(|s| s.to_string()),

@@ -9,7 +9,7 @@ use super::checkpoint;
 use super::clone_marker::CloneMarker;
 use super::diff_file::{self, DiffHeader};
 use super::envelope;
-use super::journal::{RecordHeader, Superblock, RECORD_HEADER_BYTES};
+use super::journal::{Placed, RecordHeader, RecordKind, Superblock, RECORD_HEADER_BYTES};
 use super::lease::Lease;
 use super::manifest::Manifest;
 use super::segment::{FixedHeader, SegmentIndex, CHUNK_BYTES, FIXED_HEADER_BYTES};
@@ -203,8 +203,17 @@ pub fn decode_journal(data: &[u8]) {
         let end = (RECORD_HEADER_BYTES as usize).saturating_add(h.payload_bytes as usize);
         if let Some(payload) = data.get(RECORD_HEADER_BYTES as usize..end) {
             let _ = h.verify(&[0; 16], header, payload);
+            if h.kind == RecordKind::Placed {
+                if let Ok(p) = Placed::decode(payload) {
+                    assert_eq!(Placed::decode(&p.encode()).ok(), Some(p));
+                }
+            }
         }
         assert!(h.record_bytes() >= RECORD_HEADER_BYTES);
+    }
+    // A placed write's payload alone, whatever the header.
+    if let Ok(p) = Placed::decode(data) {
+        assert_eq!(&p.encode()[..], data);
     }
 }
 

@@ -22,7 +22,7 @@
 //!
 //! record (8-byte aligned, never split by the ring's end):
 //!   0  4  magic 0x4A524543
-//!   4  1  kind: 1 write, 2 zero (allocated), 3 unmap, 4 wrap
+//!   4  1  kind: 1 write, 2 zero (allocated), 3 unmap, 4 wrap, 5 placed
 //!   5  3  reserved, zero
 //!   8  8  jseq (a wrap record carries the jseq of the record after it)
 //!  16  8  volume byte offset
@@ -31,6 +31,25 @@
 //!  36  4  CRC32C seeded with the journal id, over bytes [0, 36) and payload
 //!  40  .. payload, then zero padding to a multiple of 8
 //! ```
+//!
+//! A placed write (kind 5) is a write whose bytes are not in the record but
+//! in the staged file of the segment they belong to
+//! (`write/staged_segment.rs`); its payload says where (32 bytes):
+//! ```text
+//!   0  8  segment seq
+//!   8  8  staged file tag (the file is `<segment object>#<tag>`)
+//!  16  8  file offset of the bytes
+//!  24  4  CRC32C of the bytes (unseeded)
+//!  28  4  zero
+//! ```
+//! Replay reads the bytes there and checks them against the CRC. A file
+//! that is gone or bytes that do not match end the replay, as a bad record
+//! does: the record is appended under the volume lock and the bytes
+//! written just after, outside it; no later write is acknowledged, and no
+//! FLUSH syncs, until they are (`write/staged_segment.rs`), and a FLUSH
+//! syncs staged files before the journal. So such a record is a write no
+//! FLUSH covered, and so is every record after it.
+//!
 //! A record that does not fit before the ring's end is preceded by a wrap
 //! record (or, with fewer than 40 bytes left, by nothing) and starts at ring
 //! offset 0. Recovery scans from a position the store remembers (the
@@ -58,6 +77,7 @@ pub enum RecordKind {
     Zero = 2,
     Unmap = 3,
     Wrap = 4,
+    Placed = 5,
 }
 
 impl RecordKind {
@@ -67,6 +87,7 @@ impl RecordKind {
             2 => RecordKind::Zero,
             3 => RecordKind::Unmap,
             4 => RecordKind::Wrap,
+            5 => RecordKind::Placed,
             _ => return None,
         })
     }
@@ -75,6 +96,45 @@ impl RecordKind {
 /// Bytes a record with `payload_bytes` of payload occupies in the ring.
 pub fn record_bytes(payload_bytes: usize) -> u64 {
     (RECORD_HEADER_BYTES + payload_bytes as u64 + 7) & !7
+}
+
+/// Payload bytes of a placed write's record.
+pub const PLACED_PAYLOAD_BYTES: usize = 32;
+
+/// Where a placed write's bytes are (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    pub seq: u64,
+    pub tag: u64,
+    pub file_offset: u64,
+    pub data_crc: u32,
+}
+
+impl Placed {
+    pub fn encode(&self) -> [u8; PLACED_PAYLOAD_BYTES] {
+        let mut b = [0u8; PLACED_PAYLOAD_BYTES];
+        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.tag.to_le_bytes());
+        b[16..24].copy_from_slice(&self.file_offset.to_le_bytes());
+        b[24..28].copy_from_slice(&self.data_crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes a placed write's payload (its record's CRC already checked).
+    pub fn decode(b: &[u8]) -> Result<Placed, String> {
+        if b.len() != PLACED_PAYLOAD_BYTES || le_u32(&b[28..32]) != 0 {
+            return Err(format!(
+                "placed write payload of {} bytes is malformed",
+                b.len()
+            ));
+        }
+        Ok(Placed {
+            seq: le_u64(&b[0..8]),
+            tag: le_u64(&b[8..16]),
+            file_offset: le_u64(&b[16..24]),
+            data_crc: le_u32(&b[24..28]),
+        })
+    }
 }
 
 /// The identity and geometry a superblock records.
@@ -154,6 +214,9 @@ impl RecordHeader {
         // A write carries exactly its range; nothing else carries bytes.
         let payload_ok = match header.kind {
             RecordKind::Write => header.len == u64::from(header.payload_bytes),
+            RecordKind::Placed => {
+                header.len > 0 && header.payload_bytes as usize == PLACED_PAYLOAD_BYTES
+            }
             _ => true,
         };
         payload_ok.then_some(header)
@@ -238,6 +301,44 @@ pub fn encode_record_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placed_records_round_trip_and_carry_exactly_their_pointer() {
+        let p = Placed {
+            seq: 9,
+            tag: 1_234_567_890_123_456,
+            file_offset: 90_112,
+            data_crc: 0xdead_beef,
+        };
+        assert_eq!(Placed::decode(&p.encode()), Ok(p));
+        let mut bad = p.encode();
+        bad[30] = 1;
+        assert!(Placed::decode(&bad).is_err());
+        assert!(Placed::decode(&bad[..31]).is_err());
+        let mut out = Vec::new();
+        encode_record(
+            &mut out,
+            &[3; 16],
+            RecordKind::Placed,
+            4,
+            8192,
+            1 << 20,
+            &p.encode(),
+        );
+        let h = RecordHeader::decode(&out).unwrap();
+        assert_eq!(
+            (h.kind, h.len, h.payload_bytes),
+            (RecordKind::Placed, 1 << 20, 32)
+        );
+        assert!(h.verify(&[3; 16], &out[..40], &out[40..72]));
+        // A placed record of another payload size, or of no length, is no
+        // record.
+        for (len, payload) in [(1 << 20, &[0u8; 24][..]), (0, &p.encode()[..])] {
+            let mut out = Vec::new();
+            encode_record(&mut out, &[3; 16], RecordKind::Placed, 4, 0, len, payload);
+            assert!(RecordHeader::decode(&out).is_none());
+        }
+    }
 
     #[test]
     fn records_and_superblocks_round_trip_and_reject_corruption() {

@@ -9,8 +9,10 @@
 //! ```text
 //!   0  8  magic "STRATSEG"
 //!   8  2  version (1)
-//!  10  2  flags (0)
+//!  10  2  flags (version 1: 0, or FLAG_PADDED)
 //!  12  4  header_bytes: fixed part + tables; the data area starts here
+//!         (with FLAG_PADDED: fixed part + tables + zero padding, at most
+//!         MAX_PADDED_HEADER_BYTES)
 //!  16  8  seq
 //!  24 16  volume uuid
 //!  40 16  journal id of the journal the writes came through
@@ -28,6 +30,13 @@
 //!           8 8 volume offset  16 8 length  24 8 data offset (writes)
 //! header_bytes  data area
 //! ```
+//! A padded header (version 1, flag bit 1) is written by a segment whose
+//! data went into its file before the seal (`write/staged_segment.rs`):
+//! the data area starts at a fixed reserve, and the tables the seal writes
+//! are followed by zeros up to it. `tables_end()` is where the tables end
+//! in either case; readers fetch only up to there. Older strata refuse the
+//! flag rather than misread the data area's place.
+//!
 //! Every 4 KiB chunk of data is verified against its CRC when read from the
 //! store, so a corrupt object is reported, never served.
 //!
@@ -53,6 +62,11 @@ const VERSION: u16 = 1;
 const VERSION_FRAMES: u16 = 2;
 /// Flags of a version 2 segment: its frames and entry table are encrypted.
 pub const FLAG_ENCRYPTED: u16 = 1;
+/// Flags of a version 1 segment: zero padding follows the tables, and the
+/// data area starts at `header_bytes` after it.
+pub const FLAG_PADDED: u16 = 2;
+/// Bound on a padded header (an untrusted `header_bytes`).
+pub const MAX_PADDED_HEADER_BYTES: u32 = 16 << 20;
 const ENTRY_BYTES: usize = 32;
 /// Bounds for decoding untrusted headers.
 pub const MAX_SEGMENT_DATA_BYTES: u64 = 1 << 32;
@@ -165,6 +179,27 @@ pub fn encode_header_with(
     h
 }
 
+/// Pads a version 1 header to `header_bytes` (zeros after its tables) and
+/// marks it `FLAG_PADDED`: the data area then starts at `header_bytes`.
+/// `false` (nothing changed) if the header is longer than that, is not
+/// version 1, or `header_bytes` is above `MAX_PADDED_HEADER_BYTES`.
+pub fn pad_header(h: &mut Vec<u8>, header_bytes: u32) -> bool {
+    let fits = h.len() >= FIXED_HEADER_BYTES
+        && h.len() <= header_bytes as usize
+        && header_bytes <= MAX_PADDED_HEADER_BYTES
+        && u16::from_le_bytes([h[8], h[9]]) == VERSION;
+    if !fits {
+        return false;
+    }
+    let flags = u16::from_le_bytes([h[10], h[11]]) | FLAG_PADDED;
+    h[10..12].copy_from_slice(&flags.to_le_bytes());
+    h[12..16].copy_from_slice(&header_bytes.to_le_bytes());
+    let header_crc = crc32c::crc32c(&h[0..100]);
+    h[100..104].copy_from_slice(&header_crc.to_le_bytes());
+    h.resize(header_bytes as usize, 0);
+    true
+}
+
 fn encode_entry(h: &mut Vec<u8>, e: &Entry) {
     let kind: u8 = match e.kind {
         EntryKind::Write => 1,
@@ -237,7 +272,7 @@ impl FixedHeader {
         }
         let flags = u16::from_le_bytes([b[10], b[11]]);
         let known = if version == VERSION {
-            0
+            FLAG_PADDED
         } else {
             FLAG_ENCRYPTED
         };
@@ -262,10 +297,27 @@ impl FixedHeader {
         if u64::from(h.chunk_count) != h.data_bytes.div_ceil(CHUNK_BYTES) {
             return Err("segment chunk count does not match its data size".into());
         }
-        if u64::from(h.header_bytes) != h.expected_header_bytes() {
+        let header_bytes = u64::from(h.header_bytes);
+        let size_ok = if h.padded() {
+            header_bytes >= h.expected_header_bytes() && h.header_bytes <= MAX_PADDED_HEADER_BYTES
+        } else {
+            header_bytes == h.expected_header_bytes()
+        };
+        if !size_ok {
             return Err("segment header size does not match its tables".into());
         }
         Ok(h)
+    }
+
+    /// Whether zero padding follows the tables (`FLAG_PADDED`).
+    pub fn padded(&self) -> bool {
+        self.version == VERSION && self.flags & FLAG_PADDED != 0
+    }
+
+    /// Where the tables end: `header_bytes`, less any padding. What a
+    /// reader of the tables fetches, from `FIXED_HEADER_BYTES`.
+    pub fn tables_end(&self) -> u64 {
+        self.expected_header_bytes()
     }
 
     pub fn encrypted(&self) -> bool {
@@ -314,9 +366,14 @@ impl SegmentIndex {
         volume_size_bytes: u64,
         data_key: Option<&[u8; 32]>,
     ) -> Result<(SegmentIndex, Vec<Entry>), String> {
-        if tables.len() != fixed.header_bytes as usize - FIXED_HEADER_BYTES {
+        // The tables, or the tables and their padding (a whole header).
+        let tables_bytes = fixed.tables_end() as usize - FIXED_HEADER_BYTES;
+        if tables.len() != tables_bytes
+            && tables.len() != fixed.header_bytes as usize - FIXED_HEADER_BYTES
+        {
             return Err("segment tables truncated".into());
         }
+        let tables = &tables[..tables_bytes];
         if crc32c::crc32c(tables) != fixed.tables_crc {
             return Err("segment tables checksum mismatch".into());
         }
@@ -625,6 +682,52 @@ mod tests {
             data,
             header,
         }
+    }
+
+    #[test]
+    fn a_padded_header_reads_as_the_plain_one_with_data_after_the_reserve() {
+        let s = sample();
+        let mut h = s.header.clone();
+        let plain = FixedHeader::decode(&h).unwrap();
+        assert!(!pad_header(&mut h, plain.header_bytes - 1), "too small");
+        assert!(!pad_header(&mut h, MAX_PADDED_HEADER_BYTES + 4096));
+        assert!(pad_header(&mut h, 8192));
+        assert_eq!(h.len(), 8192);
+        let fixed = FixedHeader::decode(&h).unwrap();
+        assert!(fixed.padded() && !plain.padded());
+        assert_eq!(
+            (fixed.header_bytes, fixed.tables_end()),
+            (8192, plain.tables_end())
+        );
+        // The tables alone, or the whole padded header: the same index.
+        let tables = &h[FIXED_HEADER_BYTES..fixed.tables_end() as usize];
+        for t in [tables, &h[FIXED_HEADER_BYTES..]] {
+            let (idx, entries) = SegmentIndex::decode_tables(fixed, t, 1 << 30, None).unwrap();
+            assert_eq!(entries, s.entries);
+            assert!(idx.verify(0, &s.data).is_ok());
+        }
+        // Anything else is truncated.
+        assert!(SegmentIndex::decode_tables(fixed, &tables[1..], 1 << 30, None).is_err());
+        // The flag on a version 2 header, a header_bytes below the tables
+        // or past the bound: rejected (checksums made good).
+        let forge = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut b = h.clone();
+            f(&mut b);
+            let crc = crc32c::crc32c(&b[0..100]);
+            b[100..104].copy_from_slice(&crc.to_le_bytes());
+            FixedHeader::decode(&b)
+        };
+        assert!(forge(&|b| b[8..10].copy_from_slice(&VERSION_FRAMES.to_le_bytes())).is_err());
+        let small = (plain.header_bytes - 8).to_le_bytes();
+        assert!(forge(&|b| b[12..16].copy_from_slice(&small)).is_err());
+        let big = (MAX_PADDED_HEADER_BYTES + 8).to_le_bytes();
+        assert!(forge(&|b| b[12..16].copy_from_slice(&big)).is_err());
+        // Unpadded, a header_bytes past the tables is rejected as before.
+        let mut unflagged = h.clone();
+        unflagged[10..12].copy_from_slice(&0u16.to_le_bytes());
+        let crc = crc32c::crc32c(&unflagged[0..100]);
+        unflagged[100..104].copy_from_slice(&crc.to_le_bytes());
+        assert!(FixedHeader::decode(&unflagged).is_err());
     }
 
     #[test]

@@ -176,7 +176,8 @@ async fn read_index(
         r.whole(ProblemKind::Truncated, detail);
         return Ok(None);
     }
-    let tables = match get(&r.job.owner, path, FIXED_HEADER_BYTES as u64..header_bytes).await? {
+    let tables_end = fixed.tables_end();
+    let tables = match get(&r.job.owner, path, FIXED_HEADER_BYTES as u64..tables_end).await? {
         Got::Bytes(b) => b,
         Got::Gone => {
             r.gone = true;

@@ -69,10 +69,7 @@ pub(crate) async fn fetch_segment_header(
         ));
     }
     let tables = store
-        .get_range(
-            &path,
-            FIXED_HEADER_BYTES as u64..u64::from(fixed.header_bytes),
-        )
+        .get_range(&path, FIXED_HEADER_BYTES as u64..fixed.tables_end())
         .await
         .map_err(store_error(store, "read", &path))?;
     let key = data_key.map(Key::bytes);

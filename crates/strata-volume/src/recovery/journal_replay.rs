@@ -2,9 +2,14 @@
 //! one), and replaying its records after the store's position into the
 //! open segment, sealing as it fills.
 
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
 use crate::config::VolumeConfig;
 use crate::error::{JournalError, VolumeError};
-use crate::format::journal::{record_bytes, Superblock};
+use crate::format::journal::{record_bytes, Placed, RecordKind, Superblock};
 use crate::format::segment::JournalSpan;
 use crate::write::journal_file::{self, Position};
 use crate::write::state::{apply_op, State};
@@ -90,7 +95,26 @@ pub(crate) fn choose_journal(
     ))
 }
 
+/// Opens the staged file of segment `seq` with `tag` for reading (`None`:
+/// the store has no files).
+pub(crate) type OpenStaged<'a> = &'a dyn Fn(u64, u64) -> Option<std::io::Result<File>>;
+
+/// Largest placed write replay reads back (bounds what a record, CRC
+/// checked but untrusted, makes it allocate).
+const MAX_PLACED_BYTES: u64 = 1 << 30;
+
+/// What a replay ended with.
+pub(crate) struct Replayed {
+    /// Where the journal continues: after the last record applied.
+    pub head: Position,
+    pub records: u64,
+    /// Staged files (segment seq, tag) the applied records point into.
+    pub staged_files: BTreeSet<(u64, u64)>,
+}
+
 /// Replays journal records into the open segment (sealing as it fills).
+/// A placed write's bytes are read back from its staged file and checked;
+/// one whose bytes are not there ends the replay, as a bad record does.
 pub(crate) fn replay_journal(
     path: &std::path::Path,
     sb: Superblock,
@@ -98,9 +122,15 @@ pub(crate) fn replay_journal(
     st: &mut State,
     config: &VolumeConfig,
     size: u64,
-) -> Result<(Position, u64), VolumeError> {
+    open_staged: OpenStaged<'_>,
+) -> Result<Replayed, VolumeError> {
     let mut scanner = journal_file::Scanner::open(path, sb, start)?;
-    let mut n = 0u64;
+    let mut out = Replayed {
+        head: start,
+        records: 0,
+        staged_files: BTreeSet::new(),
+    };
+    let mut files: HashMap<(u64, u64), File> = HashMap::new();
     loop {
         let before = scanner.position();
         let rec = scanner.next_record().map_err(|source| VolumeError::Io {
@@ -110,26 +140,94 @@ pub(crate) fn replay_journal(
         let Some(rec) = rec else { break };
         if rec.offset.checked_add(rec.len).is_none_or(|end| end > size) {
             tracing::warn!(journal = %path.display(), jseq = rec.jseq, "journal record beyond the volume's end; replay stops there");
-            return Ok((before, n));
+            out.head = before;
+            return Ok(out);
         }
-        let cost = record_bytes(rec.payload.len());
+        let (kind, payload) = match rec.kind {
+            RecordKind::Placed => match read_placed(&rec.payload, rec.len, open_staged, &mut files)
+            {
+                Ok((data, file)) => {
+                    out.staged_files.insert(file);
+                    (RecordKind::Write, data)
+                }
+                // Its bytes never reached the file (the process died
+                // between its record and its `pwrite`, or a power cut took
+                // bytes no FLUSH had synced): a write not acknowledged, or
+                // not FLUSHed, and so is every one after it
+                // (`PlacedInFlight`): replay stops there, as at a bad record.
+                Err(why) => {
+                    tracing::warn!(journal = %path.display(), jseq = rec.jseq, %why, "a placed write's bytes are not in its segment file (a write no FLUSH covered, cut by a crash); replay stops there");
+                    out.head = before;
+                    return Ok(out);
+                }
+            },
+            kind => (kind, rec.payload),
+        };
+        let cost = record_bytes(payload.len());
         apply_op(
             st,
-            rec.kind,
+            kind,
             rec.offset,
             rec.len,
-            &rec.payload,
+            &payload,
             &[],
             cost,
             rec.jseq,
             rec.end_lpos,
         );
-        n += 1;
+        out.records += 1;
         if st.open.cost_bytes >= config.segment_bytes {
             st.seal_open(Vec::new());
         }
     }
-    Ok((scanner.position(), n))
+    out.head = scanner.position();
+    Ok(out)
+}
+
+/// A placed write's bytes, read from its staged file and checked against
+/// the record's CRC, and which file they came from.
+fn read_placed(
+    payload: &[u8],
+    len: u64,
+    open_staged: OpenStaged<'_>,
+    files: &mut HashMap<(u64, u64), File>,
+) -> Result<(Vec<u8>, (u64, u64)), String> {
+    let p = Placed::decode(payload)?;
+    if len > MAX_PLACED_BYTES {
+        return Err(format!("placed write of {len} bytes is implausible"));
+    }
+    let key = (p.seq, p.tag);
+    let file = match files.entry(key) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => match open_staged(p.seq, p.tag) {
+            Some(Ok(f)) => e.insert(f),
+            Some(Err(err)) => {
+                return Err(format!(
+                    "segment {} file #{}: {}",
+                    p.seq,
+                    p.tag,
+                    strata_store::ErrorText(&err)
+                ))
+            }
+            None => return Err("the store keeps no segment files".into()),
+        },
+    };
+    let mut data = vec![0u8; len as usize];
+    file.read_exact_at(&mut data, p.file_offset).map_err(|e| {
+        format!(
+            "segment {} file #{}: {}",
+            p.seq,
+            p.tag,
+            strata_store::ErrorText(&e)
+        )
+    })?;
+    if crc32c::crc32c(&data) != p.data_crc {
+        return Err(format!(
+            "segment {} file #{}: the bytes at {} do not match the record's CRC",
+            p.seq, p.tag, p.file_offset
+        ));
+    }
+    Ok((data, key))
 }
 
 #[cfg(test)]

@@ -69,14 +69,59 @@ pub(crate) async fn recover(
     let jpath = config.journal_path(name, &uuid);
     let (sb, start) = choose_journal(&jpath, config, uuid, rec.span, last_opened_here)?;
     let mut state = initial_state(rec, sb.journal_id, config.segment_bytes);
-    let (head, replayed_records) =
-        replay_journal(&jpath, sb, start, &mut state, config, manifest.size_bytes)?;
-    let journal = Journal::open(&jpath, sb, head, start.lpos, config.journal_punch_min_bytes)?;
+    let open_staged = |seq: u64, tag: u64| store.open_staged(&names.segment(seq), tag);
+    let replayed = replay_journal(
+        &jpath,
+        sb,
+        start,
+        &mut state,
+        config,
+        manifest.size_bytes,
+        &open_staged,
+    )?;
+    keep_replayed_staged_files(store, &names, &mut state, &replayed.staged_files);
+    let journal = Journal::open(
+        &jpath,
+        sb,
+        replayed.head,
+        start.lpos,
+        config.journal_punch_min_bytes,
+    )?;
     Ok(RecoveredVolume {
         state,
         journal,
-        replayed_records,
+        replayed_records: replayed.records,
     })
+}
+
+/// The volume's staged segment files (`write/staged_segment.rs`): those
+/// the replayed records point into stay until every segment replay filled
+/// is durable (a crash before then replays them again); the others are
+/// left over from segments now durable, or from records replay dropped,
+/// and go now.
+fn keep_replayed_staged_files(
+    store: &Store,
+    names: &ObjectNames,
+    state: &mut State,
+    referenced: &BTreeSet<(u64, u64)>,
+) {
+    let listed = match store.list_staged(&names.segments_prefix()) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(store = %store.description(), error = %strata_store::ErrorText(&e), "cannot list segment files left by an earlier process; they stay");
+            return;
+        }
+    };
+    for (object, tag, path) in listed {
+        let seq = u64::from_str_radix(&object, 16).ok();
+        if seq.is_some_and(|seq| referenced.contains(&(seq, tag))) {
+            // The last segment replay put records in.
+            let last = state.open.seq - u64::from(state.open.is_empty());
+            state.staged_unlink.entry(last).or_default().push(path);
+        } else if let Err(e) = strata_store::remove_staged_path(&path) {
+            tracing::warn!(file = %path.display(), error = %strata_store::ErrorText(&e), "cannot remove a segment file left by an earlier process");
+        }
+    }
 }
 
 /// The state the store alone describes: its map, everything durable, the
@@ -105,5 +150,6 @@ fn initial_state(rec: Recovered, journal_id: [u8; 16], segment_bytes: u64) -> St
         pins: SnapshotPins::default(),
         resizing: false,
         changed: None,
+        staged_unlink: BTreeMap::new(),
     }
 }

@@ -13,6 +13,8 @@
 //! - `read.rs`: map lookup under the lock, in-memory data copied, stored
 //!   pieces handed to the read path; block status;
 //! - `upload.rs`: a sealed segment into the store, then durable;
+//! - `staged.rs`: bulk writes straight into the open segment's file on
+//!   the embedded store, its syncs for FLUSH, its publication at upload;
 //! - `checkpoint.rs`: checkpoints and the manifest that names them;
 //! - `tasks.rs`: lease renewal and the age sealer;
 //! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
@@ -43,6 +45,7 @@ mod read;
 mod resize;
 mod snapshot;
 mod snapshot_deltas;
+mod staged;
 mod tasks;
 mod upload;
 mod write;
@@ -79,6 +82,12 @@ pub struct VolumeStats {
     pub bytes_uploaded: u64,
     /// Bytes of WRITEs that were all zeros, recorded as holes instead.
     pub zero_write_bytes_elided: u64,
+    /// Bytes of WRITEs that went straight into their segment's file, the
+    /// journal recording where (`write/staged_segment.rs`).
+    pub placed_write_bytes: u64,
+    /// Segments published from their staged file (no second write of
+    /// their data).
+    pub staged_segments_published: u64,
     /// Ranged GETs of this volume's segment data (reads and read-ahead).
     pub store_reads: u64,
     pub store_read_bytes: u64,
@@ -157,6 +166,11 @@ pub struct Volume {
     pub(crate) ownership: Ownership,
     pub(crate) segments_uploaded: AtomicU64,
     pub(crate) zero_write_bytes_elided: AtomicU64,
+    pub(crate) placed_write_bytes: AtomicU64,
+    /// Placed writes whose bytes are still being written
+    /// (`write/staged_segment.rs`).
+    pub(crate) placed_in_flight: Arc<crate::write::staged_segment::PlacedInFlight>,
+    pub(crate) staged_segments_published: AtomicU64,
     pub(crate) bytes_uploaded: AtomicU64,
     pub(crate) gc: GcCounters,
     /// Back-pressure and snapshot counters (`counters.rs`).
@@ -285,6 +299,8 @@ impl Volume {
             buffered_bytes: st.buffered_cost_bytes,
             segments_uploaded: self.segments_uploaded.load(Ordering::Relaxed),
             zero_write_bytes_elided: self.zero_write_bytes_elided.load(Ordering::Relaxed),
+            placed_write_bytes: self.placed_write_bytes.load(Ordering::Relaxed),
+            staged_segments_published: self.staged_segments_published.load(Ordering::Relaxed),
             bytes_uploaded: self.bytes_uploaded.load(Ordering::Relaxed),
             store_reads: reader.gets.load(Ordering::Relaxed),
             store_read_bytes: reader.get_bytes.load(Ordering::Relaxed),

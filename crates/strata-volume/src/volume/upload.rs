@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::staged::Published;
 use super::{CheckpointJob, Volume};
 use crate::at_rest::encode_sealed;
 use crate::config::MAX_VOLUME_BYTES;
@@ -26,6 +27,27 @@ impl Volume {
         sealed: Arc<SealedSegment>,
         ckpt: Option<CheckpointJob>,
     ) {
+        if let Some(staged) = sealed.staged.clone() {
+            // Its staging name goes once the segment is durable, whichever
+            // way it is stored.
+            let name = staged.file.staging_path().to_path_buf();
+            self.state
+                .lock()
+                .staged_unlink
+                .entry(sealed.seq)
+                .or_default()
+                .push(name);
+            match self.publish_staged(&sealed, &staged).await {
+                Published::Stored(header, permit) => {
+                    let object_bytes = header.len() as u64 + sealed.data.len() as u64;
+                    self.after_stored(sealed, header, object_bytes, permit, ckpt)
+                        .await;
+                    return;
+                }
+                Published::Refused => return,
+                Published::Fallback => {}
+            }
+        }
         let encoded = encode_sealed(&self.at_rest, self.uuid, &sealed, || self.take_buffer());
         let (header, stored) = match encoded.await {
             Ok(encoded) => encoded,
@@ -68,14 +90,28 @@ impl Volume {
                 return;
             }
         }
-        if sealed.gc_copies > 0 {
-            crash_point("gc.after_copy_put");
-        }
         // Version 2 frames were encoded into a pool buffer: back to the pool
         // (the put's clones are gone). Version 1's data area shares the
         // segment's own buffer (`Bytes::from_owner`), which this refuses.
         if let Ok(frames) = stored.try_into_mut() {
             self.recycle_buffer(frames.into());
+        }
+        self.after_stored(sealed, header, object_bytes, permit, ckpt)
+            .await;
+    }
+
+    /// What follows a segment's upload: counted, cached, durable once
+    /// every earlier one is, its buffer recycled, then its checkpoint.
+    async fn after_stored(
+        self: Arc<Self>,
+        sealed: Arc<SealedSegment>,
+        header: Bytes,
+        object_bytes: u64,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        ckpt: Option<CheckpointJob>,
+    ) {
+        if sealed.gc_copies > 0 {
+            crash_point("gc.after_copy_put");
         }
         self.segments_uploaded.fetch_add(1, Ordering::Relaxed);
         self.bytes_uploaded
@@ -145,6 +181,7 @@ impl Volume {
         if let Some(lpos) = release_lpos {
             self.journal.release_to(lpos);
         }
+        self.remove_durable_staging_names();
         self.space.notify_waiters();
         self.progress.notify_waiters();
         self.wake_quiet_gc();

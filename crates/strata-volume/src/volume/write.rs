@@ -16,6 +16,7 @@ use super::Volume;
 use crate::config::Durability;
 use crate::error::VolumeError;
 use crate::format::journal::{record_bytes, RecordKind};
+use crate::write::staged_segment::PendingPlace;
 use crate::write::state::{apply_op, State};
 
 impl Volume {
@@ -96,6 +97,8 @@ impl Volume {
                 if self.flush_seals() {
                     self.flush_bulk_to_store().await;
                 }
+                // Placed writes' bytes before the records that point at them.
+                self.sync_staged(jseq).await?;
                 self.journal.sync(jseq).await?;
             }
             Durability::Remote => self.flush_to_store().await?,
@@ -183,12 +186,12 @@ impl Volume {
         // Back-pressure is counted only when a writer waits: the clock is
         // read at the first wait, never on the common path.
         let mut waiting: Option<(WaitFor, Instant)> = None;
-        let jseq = loop {
+        let (jseq, pending) = loop {
             let notified = self.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let reason = match self.try_log_op(kind, offset, len, data, chunk_crcs)? {
-                Ok(jseq) => break jseq,
+                Ok(appended) => break appended,
                 Err(reason) => reason,
             };
             waiting.get_or_insert_with(|| (reason, Instant::now()));
@@ -210,9 +213,21 @@ impl Volume {
         if let Some((reason, since)) = waiting {
             self.counters.waited(reason, since.elapsed());
         }
+        if let Some(pending) = pending {
+            self.write_placed(pending, data)?;
+        }
         match (fua, self.config.durability) {
-            (false, _) => self.journal.wait_written(jseq).await?,
-            (true, Durability::Local) => self.journal.sync(jseq).await?,
+            (false, _) => {
+                self.journal.wait_written(jseq).await?;
+                // No acknowledged write behind a placed one whose bytes
+                // are still on their way (replay would stop there).
+                self.placed_in_flight.wait_below(jseq).await;
+                self.check_failed()?;
+            }
+            (true, Durability::Local) => {
+                self.sync_staged(jseq).await?;
+                self.journal.sync(jseq).await?
+            }
             (true, Durability::Remote) => {
                 self.journal.wait_written(jseq).await?;
                 self.flush_to_store().await?;
@@ -222,7 +237,8 @@ impl Volume {
     }
 
     /// Appends to journal and open segment if the budgets allow; `Err`
-    /// says what to wait for.
+    /// says what to wait for. A placed write (`volume/staged.rs`) comes
+    /// back with the file write still to do.
     fn try_log_op(
         self: &Arc<Self>,
         kind: RecordKind,
@@ -230,7 +246,7 @@ impl Volume {
         len: u64,
         data: &[u8],
         chunk_crcs: &[u32],
-    ) -> Result<Result<u64, WaitFor>, VolumeError> {
+    ) -> Result<Result<(u64, Option<PendingPlace>), WaitFor>, VolumeError> {
         let cost = record_bytes(data.len());
         let mut st = self.state.lock();
         if st.failed.is_none() {
@@ -270,23 +286,40 @@ impl Volume {
             // now. Wait for a renewal (or fencing) before acknowledging.
             return Ok(Err(WaitFor::Lease));
         }
-        let crcs = (!chunk_crcs.is_empty()).then_some(chunk_crcs);
-        let Some((jseq, end_lpos)) = self.journal.try_append_with(kind, offset, len, data, crcs)
-        else {
+        // A bulk write's bytes go into its segment's file first; the
+        // journal then records where (`write/staged_segment.rs`).
+        let placed = if kind == RecordKind::Write && self.places(data.len()) {
+            self.place(&mut st, data, chunk_crcs)
+        } else {
+            None
+        };
+        let appended = match &placed {
+            Some((p, _)) => {
+                self.journal
+                    .try_append_with(RecordKind::Placed, offset, len, &p.encode(), None)
+            }
+            None => {
+                let crcs = (!chunk_crcs.is_empty()).then_some(chunk_crcs);
+                self.journal.try_append_with(kind, offset, len, data, crcs)
+            }
+        };
+        let Some((jseq, end_lpos)) = appended else {
             return Ok(Err(WaitFor::Journal));
         };
+        let pending = placed.map(|(p, staged)| self.begin_placed(&p, &staged, jseq));
         let was_empty = st.open.is_empty();
         apply_op(
             &mut st, kind, offset, len, data, chunk_crcs, cost, jseq, end_lpos,
         );
+
         if was_empty {
             // Its age counts from now: housekeeping seals it when due.
             self.housekeeping.notify_one();
         }
-        if st.open.cost_bytes >= self.config.segment_bytes {
+        if st.open.cost_bytes >= self.config.segment_bytes || self.staged_entries_full(&st) {
             self.seal_locked(&mut st, false);
         }
-        Ok(Ok(jseq))
+        Ok(Ok((jseq, pending)))
     }
 
     /// Seals the open segment (if not empty) and starts its upload; takes a

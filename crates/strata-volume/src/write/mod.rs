@@ -7,6 +7,9 @@
 //!  write -> journal.rs (append; journal_commit.rs: pwrite by the leader,
 //!           fdatasync by the sync thread; journal_file.rs: create, scan)
 //!        -> state.rs apply_op: open_segment.rs + the extent map (map/)
+//!        -> bulk writes on the embedded store: their bytes pwrite'n into
+//!           the open segment's file first, a pointer in the journal
+//!           (staged_segment.rs)
 //!  seal  -> SealedSegment -> segment_put.rs (PUT If-None-Match, retried
 //!           while the lease is valid) -> state.rs mark_uploaded
 //! ```
@@ -21,4 +24,5 @@ mod journal_disk;
 pub(crate) mod journal_file;
 pub(crate) mod open_segment;
 pub(crate) mod segment_put;
+pub(crate) mod staged_segment;
 pub(crate) mod state;

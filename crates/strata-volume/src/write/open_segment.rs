@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::staged_segment::StagedSegment;
 use crate::format::segment::{self, Entry, EntryKind, JournalSpan};
 
 /// The tail of the log, in memory.
@@ -29,6 +30,9 @@ pub struct OpenSegment {
     /// CRCs of `data`'s 4 KiB chunks where a client's write gave them
     /// (`note_chunk_crcs`); the seal computes the others.
     pub chunk_crcs: Vec<Option<u32>>,
+    /// The segment's file, once a bulk write went straight into it
+    /// (`staged_segment.rs`).
+    pub staged: Option<Arc<StagedSegment>>,
 }
 
 impl OpenSegment {
@@ -49,6 +53,7 @@ impl OpenSegment {
             gc_copies: 0,
             reserve_bytes: 0,
             chunk_crcs: Vec::new(),
+            staged: None,
         }
     }
 
@@ -149,6 +154,7 @@ impl OpenSegment {
             cost_bytes: self.cost_bytes,
             gc_copies: self.gc_copies,
             chunk_crcs: self.chunk_crcs,
+            staged: self.staged,
         }
     }
 }
@@ -164,6 +170,8 @@ pub struct SealedSegment {
     pub gc_copies: u32,
     /// `OpenSegment::chunk_crcs`.
     pub chunk_crcs: Vec<Option<u32>>,
+    /// `OpenSegment::staged`.
+    pub staged: Option<Arc<StagedSegment>>,
 }
 
 /// Lets a sealed segment's buffer be an upload payload without a copy.

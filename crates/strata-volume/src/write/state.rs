@@ -61,6 +61,10 @@ pub(crate) struct State {
     /// What changed since the newest snapshot (`None` while the volume has
     /// none): the next snapshot's delta.
     pub changed: Option<ChangedRanges>,
+    /// Staging names of segment files (`staged_segment.rs`) to remove once
+    /// the segment they are keyed by is durable: no replay reads through
+    /// them after that.
+    pub staged_unlink: BTreeMap<u64, Vec<std::path::PathBuf>>,
 }
 
 impl State {
@@ -104,6 +108,13 @@ impl State {
                 0
             },
         }
+    }
+
+    /// The staging names whose segments are durable now, taken out.
+    pub(crate) fn take_staged_unlinks(&mut self) -> Vec<std::path::PathBuf> {
+        let keep = self.staged_unlink.split_off(&(self.durable_seq + 1));
+        let done = std::mem::replace(&mut self.staged_unlink, keep);
+        done.into_values().flatten().collect()
     }
 
     /// Records an upload; advances `durable_seq` over contiguous uploads and
@@ -188,6 +199,7 @@ impl State {
             pins: SnapshotPins::default(),
             resizing: false,
             changed: None,
+            staged_unlink: BTreeMap::new(),
         }
     }
 }
@@ -264,7 +276,8 @@ pub(crate) fn apply_op(
     end_lpos: u64,
 ) {
     let entry_kind = match kind {
-        RecordKind::Write => EntryKind::Write,
+        // Replay passes a placed write's bytes as a write's.
+        RecordKind::Write | RecordKind::Placed => EntryKind::Write,
         RecordKind::Zero => EntryKind::Zero,
         RecordKind::Unmap | RecordKind::Wrap => EntryKind::Unmap,
     };

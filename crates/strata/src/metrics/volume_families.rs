@@ -76,6 +76,18 @@ const PER_VOLUME: &[PerVolume] = &[
     ),
     (
         Counter,
+        "strata_volume_placed_write_bytes_total",
+        "Bytes of writes (embedded store) that went straight into their segment's file, the journal recording where: written once, not also in the journal.",
+        |v| v.placed_write_bytes,
+    ),
+    (
+        Counter,
+        "strata_volume_staged_segments_published_total",
+        "Segments (embedded store) published from the file their data was written into, without writing that data again.",
+        |v| v.staged_segments_published,
+    ),
+    (
+        Counter,
         "strata_volume_flush_seals_total",
         "FLUSHes (embedded store) that sealed and uploaded their bulk data rather than sync it in the journal, so it reached the disk once.",
         |v| v.flush_seals.sealed,
