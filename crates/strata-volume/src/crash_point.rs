@@ -41,11 +41,18 @@ pub const SNAPSHOT_CRASH_POINTS: &[&str] = &[
     "flatten.after_manifest",
 ];
 
-/// Crash points of a segment published from its staged file
-/// (`volume/staged.rs`): once its header and the bytes not yet in it are
+/// Crash points of placed writes and of a segment published from its
+/// staged file (`volume/staged.rs`): a placed write's record appended,
+/// its bytes not yet written; a FLUSH's staged files synced, the journal
+/// not yet; the segment's header and the bytes not yet in its file
 /// written, before the sync and link; after the link, before the upload
 /// is counted durable.
-pub const STAGED_CRASH_POINTS: &[&str] = &["staged.before_publish", "staged.after_publish"];
+pub const STAGED_CRASH_POINTS: &[&str] = &[
+    "staged.before_bytes",
+    "staged.between_syncs",
+    "staged.before_publish",
+    "staged.after_publish",
+];
 
 /// Right after a fragmented read's pieces were repointed to the open
 /// segment, before that segment is stored (`gc/read_rewrite.rs`).

@@ -1,9 +1,11 @@
-//! A segment published from its staged file (bulk writes go straight into
-//! it, the journal recording where) crashes at each step of its
-//! publication (named crash points: the server aborts where
-//! `STRATA_CRASH_AT` says, as kill -9 would stop it): before the sync and
-//! link, and after the link. After each, the restarted server reads back
-//! every acknowledged write, and again after a clean restart.
+//! Placed writes (bulk writes go straight into their segment's file, the
+//! journal recording where) and the segment published from that file,
+//! crashed at each step (named crash points: the server aborts where
+//! `STRATA_CRASH_AT` says, as kill -9 would stop it): a record appended
+//! before its bytes are written, a FLUSH between the files' sync and the
+//! journal's, a publication before its sync and link, and after the link.
+//! After each, the restarted server reads back every acknowledged write,
+//! and again after a clean restart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -50,17 +52,26 @@ fn a_segment_publication_killed_at_each_step_loses_no_acknowledged_write() {
     let tmp = tempfile::TempDir::new().unwrap();
     assert_eq!(
         strata_volume::STAGED_CRASH_POINTS.len(),
-        2,
+        4,
         "a crash point without a test"
     );
     for point in strata_volume::STAGED_CRASH_POINTS {
         let dir = tmp.path().join(point.replace('.', "-"));
-        // The fifth publication: some segments are in the store already.
+        // The fifth time there: some segments are in the store already.
         let at = format!("{point}:5");
         let crashing = Target::strata_with(&ARGS).with_env("STRATA_CRASH_AT", &at);
         let mut server = Server::start(&dir, crashing, &[("vol", VOL)]);
+        // A FLUSH after every second write: the fifth FLUSH is the tenth
+        // write's.
         let writes: Vec<String> = (0..WRITES)
-            .map(|i| format!("write -P {} {i}M 1M", pattern(i)))
+            .flat_map(|i| {
+                let w = format!("write -P {} {i}M 1M", pattern(i));
+                if i % 2 == 1 {
+                    vec![w, "flush".to_string()]
+                } else {
+                    vec![w]
+                }
+            })
             .collect();
         let out = qemu_io(&server.vol_uri(), &writes);
         let acked = acknowledged(&stdout_str(&out));

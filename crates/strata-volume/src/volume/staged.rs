@@ -119,6 +119,7 @@ impl Volume {
         pending: PendingPlace,
         data: &[u8],
     ) -> Result<(), VolumeError> {
+        crash_point("staged.before_bytes");
         let multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         // A page-cache copy of up to a write's size: other tasks move to

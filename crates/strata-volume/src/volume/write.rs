@@ -99,6 +99,7 @@ impl Volume {
                 }
                 // Placed writes' bytes before the records that point at them.
                 self.sync_staged(jseq).await?;
+                crate::crash_point::crash_point("staged.between_syncs");
                 self.journal.sync(jseq).await?;
             }
             Durability::Remote => self.flush_to_store().await?,
