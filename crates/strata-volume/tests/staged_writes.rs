@@ -241,3 +241,25 @@ fn replay_stops_at_a_placed_write_whose_bytes_a_cut_took_and_keeps_what_was_flus
         engine.close_all().await.unwrap();
     });
 }
+
+#[test]
+fn deleting_a_crashed_volume_removes_its_segment_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = vec![0u8; VOLUME_BYTES as usize];
+    then_crash(async {
+        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
+        let vol = open(&engine).await;
+        write_mix(&vol, &mut model, 0).await;
+    });
+    assert!(!staged_files(dir.path()).is_empty(), "the crash left files");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
+        engine.delete_volume("v").await.unwrap();
+    });
+    assert!(
+        staged_files(dir.path()).is_empty(),
+        "{:?}",
+        staged_files(dir.path())
+    );
+}

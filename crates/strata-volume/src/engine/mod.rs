@@ -498,6 +498,14 @@ impl Engine {
                 Err(e) => return Err(store_error(&self.store, "delete", &o.location)(e)),
             }
         }
+        // Segment files a crash left (`write/staged_segment.rs`): listings
+        // skip them.
+        let staged = self.store.list_staged(&names.segments_prefix());
+        for (_, _, path) in staged.unwrap_or_default() {
+            if let Err(e) = strata_store::remove_staged_path(&path) {
+                tracing::warn!(file = %path.display(), error = %strata_store::ErrorText(&e), "cannot remove a segment file of the deleted volume");
+            }
+        }
         if let Some(parent) = &manifest.parent {
             // No longer a clone of anything: the parent snapshot may go.
             let marker = ObjectNames::new(&parent.volume).clone_marker(&parent.snapshot, name);
