@@ -93,6 +93,13 @@ async fn open(engine: &Engine) -> Arc<Volume> {
     }
 }
 
+/// A new engine on the test's store and data dir, and the volume open.
+async fn engine_and_volume(dir: &FsPath) -> (Engine, Arc<Volume>) {
+    let engine = Engine::new(store(dir), config(dir)).unwrap();
+    let vol = open(&engine).await;
+    (engine, vol)
+}
+
 /// Staging names (`<segment>#<tag>`) in the volume's segment directory.
 fn staged_files(dir: &FsPath) -> Vec<PathBuf> {
     let segments = dir.join("store/v/segments");
@@ -125,8 +132,7 @@ fn then_crash<T>(f: impl std::future::Future<Output = T>) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_writes_are_placed_and_segments_published_from_their_files() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-    let vol = open(&engine).await;
+    let (engine, vol) = engine_and_volume(dir.path()).await;
     let mut model = vec![0u8; VOLUME_BYTES as usize];
     for round in 0..3 {
         write_mix(&vol, &mut model, round).await;
@@ -149,8 +155,7 @@ async fn bulk_writes_are_placed_and_segments_published_from_their_files() {
     drop(vol);
     drop(engine);
 
-    let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-    let vol = open(&engine).await;
+    let (engine, vol) = engine_and_volume(dir.path()).await;
     check(&vol, &model, "after reopening").await;
     fsck_clean(&engine).await;
     engine.close_all().await.unwrap();
@@ -161,8 +166,7 @@ fn a_crash_before_any_upload_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = vec![0u8; VOLUME_BYTES as usize];
     then_crash(async {
-        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-        let vol = open(&engine).await;
+        let (_engine, vol) = engine_and_volume(dir.path()).await;
         write_mix(&vol, &mut model, 0).await;
         vol.flush().await.unwrap();
         // Acknowledged, not flushed, most of them not uploaded.
@@ -170,8 +174,7 @@ fn a_crash_before_any_upload_loses_no_acknowledged_write() {
     });
     assert!(!staged_files(dir.path()).is_empty(), "the crash left files");
     then_crash(async {
-        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-        let vol = open(&engine).await;
+        let (_engine, vol) = engine_and_volume(dir.path()).await;
         check(&vol, &model, "after the crash").await;
         // A second crash before the replayed data is stored: the files
         // replay read are still there to read again.
@@ -179,8 +182,7 @@ fn a_crash_before_any_upload_loses_no_acknowledged_write() {
     });
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-        let vol = open(&engine).await;
+        let (engine, vol) = engine_and_volume(dir.path()).await;
         check(&vol, &model, "after the second crash").await;
         engine.close_all().await.unwrap();
         assert!(
@@ -200,8 +202,7 @@ fn replay_stops_at_a_placed_write_whose_bytes_a_cut_took_and_keeps_what_was_flus
     let placed = pattern(2, MIB);
     let after = pattern(3, 4 * KIB);
     then_crash(async {
-        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-        let vol = open(&engine).await;
+        let (_engine, vol) = engine_and_volume(dir.path()).await;
         vol.write(8 * MIB, &flushed, false).await.unwrap();
         vol.flush().await.unwrap();
         // Acknowledged, not FLUSHed: a power cut may take them.
@@ -226,8 +227,7 @@ fn replay_stops_at_a_placed_write_whose_bytes_a_cut_took_and_keeps_what_was_flus
     model[8 * MIB as usize..(8 * MIB + 4 * KIB) as usize].copy_from_slice(&flushed);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-        let vol = open(&engine).await;
+        let (engine, vol) = engine_and_volume(dir.path()).await;
         check(&vol, &model, "after the cut").await;
         // The journal goes on from there: a new write and a reopen.
         vol.write(16 * MIB, &after, false).await.unwrap();
@@ -235,8 +235,7 @@ fn replay_stops_at_a_placed_write_whose_bytes_a_cut_took_and_keeps_what_was_flus
         engine.close_all().await.unwrap();
         assert!(staged_files(dir.path()).is_empty());
         drop(vol);
-        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-        let vol = open(&engine).await;
+        let (engine, vol) = engine_and_volume(dir.path()).await;
         check(&vol, &model, "after a reopen").await;
         engine.close_all().await.unwrap();
     });
@@ -247,8 +246,7 @@ fn deleting_a_crashed_volume_removes_its_segment_files() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = vec![0u8; VOLUME_BYTES as usize];
     then_crash(async {
-        let engine = Engine::new(store(dir.path()), config(dir.path())).unwrap();
-        let vol = open(&engine).await;
+        let (_engine, vol) = engine_and_volume(dir.path()).await;
         write_mix(&vol, &mut model, 0).await;
     });
     assert!(!staged_files(dir.path()).is_empty(), "the crash left files");

@@ -312,7 +312,6 @@ impl Volume {
         apply_op(
             &mut st, kind, offset, len, data, chunk_crcs, cost, jseq, end_lpos,
         );
-
         if was_empty {
             // Its age counts from now: housekeeping seals it when due.
             self.housekeeping.notify_one();
