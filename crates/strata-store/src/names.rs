@@ -8,6 +8,8 @@
 //! <volume>/clones/<snapshot>/<clone>   a clone made from that snapshot
 //! <volume>/profiles/<seq:016x>         what the first clone of the snapshot at
 //!                                      checkpoint <seq> read first
+//! .hosts/<host id>                     a host's liveness (no volume name
+//!                                      starts with '.')
 //! ```
 //! Sequence numbers are zero-padded hex so a listing sorts in log order.
 
@@ -77,6 +79,11 @@ impl ObjectNames {
 
     pub fn manifest(&self) -> Path {
         Path::from(format!("{}/manifest", self.volume))
+    }
+
+    /// The liveness record of host `id` (`.hosts/<id>`).
+    pub fn host_record(id: &str) -> Path {
+        Path::from(format!(".hosts/{id}"))
     }
 
     pub fn lease(&self) -> Path {

@@ -101,8 +101,14 @@ pub struct VolumeConfig {
     pub checkpoint_every_segments: u64,
     /// Largest single write the engine accepts.
     pub max_write_bytes: u64,
-    /// A lease not renewed for this long may be taken by another server.
+    /// A host that has not renewed its liveness for this long may have its
+    /// volumes taken over by another server (`ownership/host_liveness.rs`);
+    /// it renews every third of it.
     pub lease_ttl_ms: u64,
+    /// The control socket a server answers on, advertised in its host
+    /// record so another server on this machine can ask it to hand a
+    /// volume over at once (`None`: requests come through the store).
+    pub control_socket: Option<PathBuf>,
     /// When FLUSH (and FUA) return: journal on local disk, or the store.
     pub durability: Durability,
     /// Garbage collection (`gc/`).
@@ -268,6 +274,7 @@ impl VolumeConfig {
             checkpoint_every_segments: 16,
             max_write_bytes: 32 * MIB,
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
+            control_socket: None,
             durability: Durability::Local,
             gc: GcConfig::default(),
             compression: Compression::Lz4,

@@ -59,7 +59,7 @@ pub use crash_point::{
 };
 pub use engine::diffs::DiffSummary;
 pub use engine::images::{ImageSink, ImageSummary};
-pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
+pub use engine::{Engine, EngineStats, HandoverOutcome, HandoverReport, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::access_profile::{AccessProfile, ProfileRange};
 pub use format::frame::Compression;
@@ -73,7 +73,7 @@ pub use fsck::{
 };
 pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
-pub use ownership::{LeaseState, LeaseStats};
+pub use ownership::{HostStats, LeaseState, LeaseStats};
 pub use qos::{Limit, QosKind, QosLimits, QosStats, VolumeQos, QOS_KEYS};
 pub use read::{
     CacheStats, DiskCacheStats, HydrationState, HydrationStats, ReadAheadStats, ReadPathStats,

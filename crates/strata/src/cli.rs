@@ -345,6 +345,24 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "PREFIX")]
         parent_prefix: Option<String>,
     },
+    /// Ask the server holding a volume to let go of it: it uploads what its
+    /// journal holds, writes a checkpoint and releases the lease, so the
+    /// next server to open the volume (any host) takes it at once. The
+    /// request goes to the holder's control socket when it runs on this
+    /// machine, otherwise through its host record in the store (answered
+    /// at its next liveness renewal, within a third of --lease-ttl-ms).
+    /// The holder does not take the volume back for 30 s. Prints who held
+    /// it and how long the handover took.
+    Handover {
+        /// The volume.
+        name: String,
+        /// Give up waiting for the release after this long.
+        #[arg(long, default_value_t = 120_000, value_name = "MS")]
+        timeout_ms: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Reclaim space now: rewrite partly-dead segments and delete what
     /// nothing references. Asks the server on this host that serves the
     /// volume (through <data-dir>/control.sock); when nobody serves it,
@@ -519,8 +537,10 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = DurabilityArg::Local)]
     pub durability: DurabilityArg,
 
-    /// A volume's lease expires this long after its server stops renewing
-    /// it; another server may then take the volume over.
+    /// This host proves it is alive with one object in the store, renewed
+    /// every third of this; its volumes may be taken over by another server
+    /// once it has not renewed for this long (a volume's lease is written
+    /// only when its holder changes). Writes stop here before then.
     #[arg(long, default_value_t = 30_000, value_name = "MS")]
     pub lease_ttl_ms: u64,
 

@@ -15,6 +15,7 @@
 //! {"op":"set_compression","volume":"vm1","compression":"zstd:3"} -> {"ok":"lz4"}
 //! {"op":"rekey","volume":"vm1","new_key_file":"/abs/path"} -> {"ok":"FINGERPRINT"}
 //! {"op":"set_qos","volume":"vm1","qos":{"iops":{"rate":3000,"burst":3000}}} -> {"ok":{...previous...}}
+//! {"op":"handover","volume":"vm1"}      -> {"ok":{...HandoverReport...}} (let go of it)
 //! any error                               -> {"error":"...","not_served":bool}
 //! ```
 //! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
@@ -66,6 +67,12 @@ pub enum Request {
     SetQos {
         volume: String,
         qos: strata_volume::QosLimits,
+    },
+    /// Let go of the volume: upload, checkpoint, release the lease
+    /// (`Engine::hand_over`). Another server asks this when it needs the
+    /// volume; the engine's `request_handover` sends it.
+    Handover {
+        volume: String,
     },
     /// The server reads the new key from this file (an absolute path):
     /// key material never travels through the socket.
@@ -164,6 +171,25 @@ async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {
 }
 
 async fn answer(engine: &Engine, req: Request) -> Reply {
+    if let Request::Handover { volume } = &req {
+        return match engine.hand_over(volume).await {
+            Ok(report) if report.was_open => match serde_json::to_value(report) {
+                Ok(v) => Reply::Ok(v),
+                Err(e) => Reply::Error {
+                    error: e.to_string(),
+                    not_served: false,
+                },
+            },
+            Ok(_) => Reply::Error {
+                error: format!("this server does not have volume {volume:?} open"),
+                not_served: true,
+            },
+            Err(e) => Reply::Error {
+                error: strata_store::error_text(&e),
+                not_served: false,
+            },
+        };
+    }
     let volume = match &req {
         Request::Gc { volume, .. }
         | Request::Stats { volume }
@@ -173,7 +199,8 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
         | Request::Flatten { volume }
         | Request::SetCompression { volume, .. }
         | Request::SetQos { volume, .. }
-        | Request::Rekey { volume, .. } => volume.clone(),
+        | Request::Rekey { volume, .. }
+        | Request::Handover { volume } => volume.clone(),
     };
     let Some(vol) = engine.served_or_opening(&volume).await else {
         return Reply::Error {
@@ -228,6 +255,8 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
                 .map_err(anyhow::Error::from),
             Err(e) => Err(anyhow::Error::from(e)),
         },
+        // Answered above, before the volume is looked up.
+        Request::Handover { .. } => Err(anyhow::anyhow!("handover answered elsewhere")),
         Request::SnapshotDelete { snapshot, .. } => {
             let deleted = engine.delete_snapshot(&volume, &snapshot).await;
             deleted

@@ -299,6 +299,7 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
             DurabilityArg::Remote => Durability::Remote,
         };
         config.lease_ttl_ms = args.lease_ttl_ms;
+        config.control_socket = Some(crate::control::socket_path(&config.data_dir));
         let b = &args.budgets;
         config.segment_bytes = size_option("--segment-size", &b.segment_size)?;
         config.segment_max_age_ms = b.segment_age_ms;
@@ -613,6 +614,30 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
         VolumeCommand::Delete { name } => {
             engine.delete_volume(name).await?;
             println!("deleted volume {name}");
+        }
+        VolumeCommand::Handover {
+            name,
+            timeout_ms,
+            json,
+        } => {
+            let timeout = std::time::Duration::from_millis(*timeout_ms);
+            let outcome = engine.request_handover(name, timeout).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&outcome)?);
+            } else {
+                match (&outcome.holder, &outcome.report) {
+                    (None, _) => println!("volume {name} is not held by any server: nothing to hand over"),
+                    (Some(holder), Some(r)) => println!(
+                        "volume {name} released by {holder} in {} ms through its control socket ({} uploaded first)",
+                        outcome.elapsed_ms,
+                        format_size(r.bytes_uploaded)
+                    ),
+                    (Some(holder), None) => println!(
+                        "volume {name} released by {holder} in {} ms (asked through the store)",
+                        outcome.elapsed_ms
+                    ),
+                }
+            }
         }
         VolumeCommand::Gc {
             name, wait, json, ..

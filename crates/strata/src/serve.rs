@@ -28,7 +28,12 @@ pub async fn serve(
         create_if_missing(&engine, spec).await?;
     }
     let control_task = crate::control::listen(engine.clone()).await?;
+    // This host's liveness record, before any volume: another server asks
+    // it for a volume through the store even while it serves none.
+    engine.set_serving();
+    let requests_task = tokio::spawn(engine.clone().answer_store_requests());
     let result = serve_volumes(&engine, args, inherited).await;
+    requests_task.abort();
     control_task.abort();
     let _ = std::fs::remove_file(crate::control::socket_path(&engine.config().data_dir));
     result

@@ -7,7 +7,9 @@
 mod clones;
 pub(crate) mod diffs;
 mod fsck;
+mod handover;
 pub(crate) mod images;
+pub use handover::{HandoverOutcome, HandoverReport};
 mod snapshots;
 
 use std::collections::HashMap;
@@ -34,7 +36,7 @@ use crate::objects::{
     list_clone_markers, list_segments, read_checkpoint, read_manifest, store_error,
     store_for_prefix,
 };
-use crate::ownership::{read_lease, take_ownership};
+use crate::ownership::{live_holder, read_lease, take_ownership, HostLiveness};
 use crate::read::{ReadPathStats, SharedCaches};
 use crate::volume::{Volume, VolumeStats};
 use crate::write::host_budget::HostWriteBudget;
@@ -128,6 +130,14 @@ pub struct Engine {
     /// Read-only snapshot views in use, by `VOL@SNAP`.
     snapshot_views:
         parking_lot::Mutex<HashMap<String, std::sync::Weak<crate::snapshot::SnapshotView>>>,
+    /// This host's liveness, started at the first volume this engine takes
+    /// (`ownership/host_liveness.rs`); every lease it holds names it.
+    host: OnceCell<Arc<HostLiveness>>,
+    /// Volumes this engine handed over on request, and when: it does not
+    /// take them back for `HANDOVER_HOLD_OFF` (the asker opens them).
+    handed_over: parking_lot::Mutex<HashMap<String, std::time::Instant>>,
+    /// A server: its host record stays alive while no volume is open.
+    serving: std::sync::atomic::AtomicBool,
 }
 
 /// How long `close_all` waits for background cache work.
@@ -146,6 +156,9 @@ impl Engine {
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
             snapshot_views: parking_lot::Mutex::new(HashMap::new()),
+            host: OnceCell::new(),
+            handed_over: parking_lot::Mutex::new(HashMap::new()),
+            serving: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -284,7 +297,11 @@ impl Engine {
         let segs = list_segments(&self.store, &names).await?;
         // An unreadable lease is reported, not fatal: info must still work.
         let served_by = match read_lease(&self.store, &names).await {
-            Ok(lease) => lease.and_then(|(l, _)| l.live_holder(now_ms())),
+            Ok(Some((l, _))) => match live_holder(&self.store, &l).await {
+                Ok(holder) => holder,
+                Err(e) => Some(format!("unknown ({e})")),
+            },
+            Ok(None) => None,
             Err(e) => Some(format!("unknown ({e})")),
         };
         let stored_bytes: u64 = segs.iter().map(|s| s.1).sum();
@@ -459,6 +476,7 @@ impl Engine {
         let result = op(vol.clone()).await;
         let closed = vol.close().await;
         self.open.lock().remove(name);
+        self.stop_host_if_unused().await;
         let out = result?;
         closed?;
         Ok(out)
@@ -475,8 +493,15 @@ impl Engine {
             )));
         }
         // Refuse while any server holds the volume; hold it while deleting.
-        let (_ownership, manifest, version, ()) =
-            take_ownership(&self.store, &self.config, name, |_| Ok(())).await?;
+        let host = self.host().await?;
+        let taken = take_ownership(&self.store, &self.config, &host, name, |_| Ok(())).await;
+        let (_ownership, manifest, version, ()) = match taken {
+            Ok(t) => t,
+            Err(e) => {
+                self.stop_host_if_unused().await;
+                return Err(e);
+            }
+        };
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
         self.refuse_if_cloned(&manifest, &version).await?;
@@ -590,16 +615,26 @@ impl Engine {
             .or_default()
             .clone();
         let vol = cell
-            .get_or_try_init(|| {
+            .get_or_try_init(|| async {
+                self.refuse_if_handed_over(name)?;
                 Volume::open(
                     self.store.clone(),
                     name,
                     self.config.clone(),
                     self.caches.clone(),
                     self.host_writes.clone(),
+                    self.host().await?,
                 )
+                .await
             })
-            .await?;
+            .await;
+        let vol = match vol {
+            Ok(v) => v,
+            Err(e) => {
+                self.stop_host_if_unused().await;
+                return Err(e);
+            }
+        };
         if let Some(detail) = vol.fenced_detail() {
             return Err(VolumeError::Failed {
                 name: name.to_string(),
@@ -607,6 +642,49 @@ impl Engine {
             });
         }
         Ok(vol.clone())
+    }
+
+    /// This host's liveness, started on first use (`HostLiveness::start`).
+    pub(crate) async fn host(&self) -> Result<Arc<HostLiveness>, VolumeError> {
+        let host = self.host.get_or_try_init(|| {
+            let socket = self
+                .config
+                .control_socket
+                .as_ref()
+                .map(|p| p.display().to_string());
+            HostLiveness::start(
+                self.store.clone(),
+                &self.config.data_dir,
+                self.config.lease_ttl_ms,
+                socket,
+            )
+        });
+        Ok(host.await?.clone())
+    }
+
+    /// A server keeps its host record alive while it has no volume open
+    /// (it may open one at any moment, and answers handover requests).
+    pub fn set_serving(&self) {
+        self.serving
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// An admin command's engine says its host stopped once nothing is
+    /// open: no record is left renewing behind a finished command.
+    async fn stop_host_if_unused(&self) {
+        if self.serving.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let any_open = self.open.lock().values().any(|c| c.initialized());
+        if let (false, Some(host)) = (any_open, self.host.get()) {
+            host.stop().await;
+        }
+    }
+
+    /// What this host's liveness looks like (`None`: not started: this
+    /// engine holds no volume yet).
+    pub fn host_stats(&self) -> Option<crate::ownership::HostStats> {
+        self.host.get().map(|h| h.stats())
     }
 
     /// Counters of the store, the shared caches and every open volume.
@@ -639,6 +717,10 @@ impl Engine {
         let cells: Vec<_> = self.open.lock().drain().map(|(_, c)| c).collect();
         let volumes: Vec<Arc<Volume>> = cells.iter().filter_map(|c| c.get().cloned()).collect();
         let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;
+        // Every lease is released: the host record says this host stopped.
+        if let Some(host) = self.host.get() {
+            host.stop().await;
+        }
         // The disk cache's queue (at most 64 MiB of page-cache writes) is
         // written out, so a clean restart finds all of it; bounded, since a
         // cache may always forget.

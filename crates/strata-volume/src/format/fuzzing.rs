@@ -10,6 +10,7 @@ use super::clone_marker::CloneMarker;
 use super::diff_file::{self, DiffHeader};
 use super::envelope;
 use super::journal::{Placed, RecordHeader, RecordKind, Superblock, RECORD_HEADER_BYTES};
+use super::host_record::HostRecord;
 use super::lease::Lease;
 use super::manifest::Manifest;
 use super::segment::{FixedHeader, SegmentIndex, CHUNK_BYTES, FIXED_HEADER_BYTES};
@@ -166,7 +167,8 @@ pub fn decode_checkpoint(data: &[u8]) {
     assert!(map.iter().eq(map2.iter()));
 }
 
-/// The envelope and the JSON objects inside it (manifest, lease).
+/// The envelope and the JSON objects inside it (manifest, lease, host
+/// record).
 pub fn decode_envelopes(data: &[u8]) {
     let _ = envelope::decode(b"STRATMAN", "manifest", 1 << 20, data);
     if let Ok(m) = Manifest::decode(data) {
@@ -174,6 +176,9 @@ pub fn decode_envelopes(data: &[u8]) {
     }
     if let Ok(l) = Lease::decode(data) {
         assert_eq!(Lease::decode(&l.encode()).ok(), Some(l));
+    }
+    if let Ok(h) = HostRecord::decode(data) {
+        assert_eq!(HostRecord::decode(&h.encode()).ok(), Some(h));
     }
     if let Ok(c) = CloneMarker::decode(data) {
         assert_eq!(CloneMarker::decode(&c.encode()).ok(), Some(c));

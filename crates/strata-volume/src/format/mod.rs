@@ -1,5 +1,5 @@
 //! Byte layouts of everything strata persists: segment objects,
-//! checkpoints, the manifest and lease (JSON in a checked envelope), and the
+//! checkpoints, the manifest, lease and host record (JSON in a checked envelope), and the
 //! journal's superblock and records.
 //!
 //! Encoding, decoding and verification only: no I/O, no tokio, no store, no
@@ -17,6 +17,7 @@ pub mod clone_marker;
 pub mod diff_file;
 pub mod envelope;
 pub mod frame;
+pub mod host_record;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod journal;

@@ -127,6 +127,10 @@ fn valid_objects() -> Vec<Vec<u8>> {
         renewed_unix_ms: 10,
         ttl_ms: 30_000,
         released: false,
+        host: Some(super::lease::LeaseHost {
+            id: "a".repeat(32),
+            incarnation: "i".into(),
+        }),
     };
     let sb = Superblock {
         volume_uuid: [7; 16],
@@ -152,6 +156,7 @@ fn valid_objects() -> Vec<Vec<u8>> {
         sb.encode(),
         record,
         valid_snapshot_delta(),
+        valid_host_record(),
     ]
 }
 
@@ -259,4 +264,23 @@ fn truncated_or_flipped_objects_are_rejected() {
             "record bit {bit} accepted: {h:?}"
         );
     }
+}
+
+fn valid_host_record() -> Vec<u8> {
+    use super::host_record::{HostRecord, HostState};
+    HostRecord {
+        id: "a".repeat(32),
+        holder: "h:/d (aaaaaaaaaaaa)".into(),
+        hostname: "h".into(),
+        pid: 3,
+        incarnation: "i".into(),
+        renewed_unix_ms: 5,
+        ttl_ms: 30_000,
+        state: HostState::Alive,
+        expired_by: None,
+        control_socket: None,
+        handover_requests: Vec::new(),
+    }
+    .encode()
+    .to_vec()
 }

@@ -64,7 +64,6 @@ pub use report::{
     ProblemKind, ProgressFn, Severity, SnapshotRanges, SpaceReport, MAX_LISTED_PROBLEMS,
 };
 
-use crate::clock::now_ms;
 use crate::error::VolumeError;
 use crate::format::key_wrap::Key;
 use crate::format::manifest::{validate_snapshot_name, SnapshotRecord};
@@ -139,7 +138,7 @@ pub(crate) async fn fsck(
 /// an unreadable lease is not fsck's business).
 async fn served_by(store: &Store, volume: &str) -> Option<String> {
     let lease = read_lease(store, &ObjectNames::new(volume)).await.ok()??;
-    lease.0.live_holder(now_ms())
+    crate::ownership::live_holder(store, &lease.0).await.ok()?
 }
 
 /// The volume's own segments some map points into.

@@ -1,14 +1,22 @@
-//! The lease object's protocol: read, acquire, renew, release, each a
+//! The lease object's protocol: read, acquire, re-claim, release, each a
 //! conditional write (If-None-Match / If-Match), so two servers racing for a
 //! volume cannot both win and a lost reply of our own write is told from a
 //! takeover by the random token. Layout: `format/lease.rs`.
+//!
+//! A lease is written when its holder changes (open, close, handover,
+//! takeover) and when its host starts a new incarnation, never on a timer:
+//! its liveness is its host's (`host_liveness.rs`). `standing` says what a
+//! lease found in the store stands for.
 
 use object_store::{PutPayload, UpdateVersion};
 use strata_store::{ObjectNames, Store};
 
+use super::host_liveness::{declare_expired, read_host_record, HostLiveness};
 use crate::clock::now_ms;
 use crate::error::VolumeError;
+use crate::format::host_record::{HostRecord, HostState};
 pub use crate::format::lease::Lease;
+use crate::format::lease::LeaseHost;
 use crate::objects::store_error;
 
 /// Attempts to take a lease that keeps changing under us.
@@ -34,24 +42,76 @@ pub async fn read_lease(
     Ok(Some((lease, version)))
 }
 
-/// Refuses if someone else holds a live lease.
-pub(crate) fn check_free(
-    lease: Option<&Lease>,
-    holder: &str,
-    volume: &str,
-) -> Result<(), VolumeError> {
-    let Some(l) = lease else { return Ok(()) };
-    let age_ms = now_ms().saturating_sub(l.renewed_unix_ms);
-    if l.holder != holder && !l.released && age_ms < l.ttl_ms {
-        return Err(VolumeError::Busy(format!(
-            "volume {volume:?} is being served by {} (pid {}, lease renewed {} s ago); stop that server first, or wait {} s after it died",
-            l.holder,
-            l.pid,
-            age_ms / 1000,
-            l.ttl_ms.div_ceil(1000)
-        )));
+/// What a lease found in the store stands for.
+#[derive(Debug)]
+pub enum Standing {
+    /// Released, expired, or held by an incarnation of a host that is over.
+    Free,
+    /// Its holder is alive: the detail says who, and for how long it has
+    /// been silent at most. `host`: its host's record (a hosted lease).
+    Live {
+        detail: String,
+        host: Option<HostRecord>,
+    },
+    /// Held through a host that did not renew within its TTL: it may be
+    /// taken once that host is declared expired (`declare_expired`).
+    HostExpired(HostRecord, UpdateVersion),
+}
+
+/// Where `lease` stands at this moment (reads its host's record).
+pub async fn standing(store: &Store, lease: &Lease) -> Result<Standing, VolumeError> {
+    if lease.released {
+        return Ok(Standing::Free);
     }
-    Ok(())
+    let now = now_ms();
+    let Some(host) = &lease.host else {
+        // Version 1: an older server renews the lease itself.
+        let age_ms = now.saturating_sub(lease.renewed_unix_ms);
+        if age_ms < lease.ttl_ms {
+            return Ok(Standing::Live {
+                detail: format!(
+                    "{}, lease renewed {} s ago (a server of an older release)",
+                    lease.describe(),
+                    age_ms / 1000
+                ),
+                host: None,
+            });
+        }
+        return Ok(Standing::Free);
+    };
+    let Some((record, version)) = read_host_record(store, &host.id).await? else {
+        return Ok(Standing::Free);
+    };
+    if record.incarnation != host.incarnation || record.state != HostState::Alive {
+        return Ok(Standing::Free);
+    }
+    if record.is_live(now) {
+        let detail = format!(
+            "{}, its host alive (renewed {} s ago)",
+            lease.describe(),
+            record.age_ms(now) / 1000
+        );
+        return Ok(Standing::Live {
+            detail,
+            host: Some(record),
+        });
+    }
+    Ok(Standing::HostExpired(record, version))
+}
+
+/// "holder (pid N, epoch E)" if the lease is held by a live server.
+pub async fn live_holder(store: &Store, lease: &Lease) -> Result<Option<String>, VolumeError> {
+    Ok(match standing(store, lease).await? {
+        Standing::Live { .. } => Some(lease.describe()),
+        _ => None,
+    })
+}
+
+fn busy(volume: &str, detail: &str, ttl_ms: u64) -> VolumeError {
+    VolumeError::Busy(format!(
+        "volume {volume:?} is being served by {detail}; ask it to let go with `strata volume handover {volume}`, stop that server, or wait {} s after it died",
+        ttl_ms.div_ceil(1000)
+    ))
 }
 
 /// A lease we wrote, and the version the store gave it.
@@ -72,28 +132,46 @@ fn is_conflict(e: &object_store::Error) -> bool {
     )
 }
 
-/// Takes the lease for `epoch`, or says who holds it.
+/// Takes the lease for `epoch` through `host`, or says who holds it. A
+/// lease of this same holder (data directory) is ours to take: the local
+/// lock proves the process that wrote it is gone.
 pub(crate) async fn acquire(
     store: &Store,
     names: &ObjectNames,
-    holder: &str,
-    ttl_ms: u64,
+    host: &HostLiveness,
     epoch: u64,
     volume: &str,
 ) -> Result<HeldLease, VolumeError> {
     let path = names.lease();
     let lease = Lease {
-        holder: holder.to_string(),
+        holder: host.holder.clone(),
         pid: std::process::id(),
         token: uuid::Uuid::new_v4().simple().to_string(),
         epoch,
         renewed_unix_ms: now_ms(),
-        ttl_ms,
+        ttl_ms: host.ttl_ms,
         released: false,
+        host: Some(LeaseHost {
+            id: host.id.clone(),
+            incarnation: host.incarnation(),
+        }),
     };
     for _ in 0..MAX_ACQUIRE_ATTEMPTS {
         let current = read_lease(store, names).await?;
-        check_free(current.as_ref().map(|c| &c.0), holder, volume)?;
+        if let Some((l, _)) = current.as_ref().filter(|(l, _)| l.holder != host.holder) {
+            match standing(store, l).await? {
+                Standing::Free => {}
+                Standing::Live { detail, host: h } => {
+                    let ttl_ms = h.map_or(l.ttl_ms, |h| h.ttl_ms);
+                    return Err(busy(volume, &detail, ttl_ms));
+                }
+                Standing::HostExpired(record, version) => {
+                    if !declare_expired(store, &record, &version, &host.holder).await? {
+                        continue;
+                    }
+                }
+            }
+        }
         let lease = Lease {
             renewed_unix_ms: now_ms(),
             ..lease.clone()
@@ -132,7 +210,7 @@ pub(crate) async fn acquire(
     )))
 }
 
-/// Why a renewal did not happen.
+/// Why a re-claim did not happen.
 #[derive(Debug)]
 pub(crate) enum RenewError {
     /// Someone else's lease is in place: we were taken over.
@@ -141,15 +219,21 @@ pub(crate) enum RenewError {
     Store(VolumeError),
 }
 
-/// Renews `held`, conditional on it being unchanged in the store.
-pub(crate) async fn renew(
+/// Re-claims `held` for our host's new `incarnation`, conditional on the
+/// lease being unchanged in the store since we wrote it.
+pub(crate) async fn reclaim(
     store: &Store,
     names: &ObjectNames,
     held: &HeldLease,
+    incarnation: &str,
 ) -> Result<HeldLease, RenewError> {
     let path = names.lease();
     let lease = Lease {
         renewed_unix_ms: now_ms(),
+        host: held.lease.host.as_ref().map(|h| LeaseHost {
+            id: h.id.clone(),
+            incarnation: incarnation.to_string(),
+        }),
         ..held.lease.clone()
     };
     let put = store
@@ -162,11 +246,13 @@ pub(crate) async fn renew(
             previous_holder: held.previous_holder.clone(),
         }),
         Err(e) if is_conflict(&e) => match read_lease(store, names).await {
-            Ok(Some((l, version))) if l.token == held.lease.token => Ok(HeldLease {
-                lease: l,
-                version,
-                previous_holder: held.previous_holder.clone(),
-            }),
+            Ok(Some((l, version))) if l.token == held.lease.token && l.host == lease.host => {
+                Ok(HeldLease {
+                    lease: l,
+                    version,
+                    previous_holder: held.previous_holder.clone(),
+                })
+            }
             Ok(Some((l, _))) => Err(RenewError::Fenced(format!(
                 "taken over by {} (pid {}, epoch {})",
                 l.holder, l.pid, l.epoch
@@ -209,51 +295,44 @@ pub(crate) async fn release(
 mod tests {
     use super::*;
 
-    fn lease(holder: &str, renewed_unix_ms: u64) -> Lease {
-        Lease {
-            holder: holder.into(),
+    async fn host(store: &Store, dir: &std::path::Path) -> std::sync::Arc<HostLiveness> {
+        HostLiveness::start(store.clone(), dir, 60_000, None)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_self_contained_lease_is_live_until_its_ttl() {
+        let store = Store::in_memory();
+        let mut l = Lease {
+            holder: "h:/d".into(),
             pid: 7,
             token: "t".into(),
             epoch: 3,
-            renewed_unix_ms,
+            renewed_unix_ms: now_ms(),
             ttl_ms: 30_000,
             released: false,
-        }
-    }
-
-    #[test]
-    fn a_live_lease_of_another_holder_refuses_the_open() {
-        let l = lease("h:/d", now_ms());
-        let err = check_free(Some(&l), "other:/x", "v")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("h:/d") && err.contains("pid 7"), "{err}");
-        assert!(
-            check_free(Some(&l), "h:/d", "v").is_ok(),
-            "our own crashed lease"
-        );
-        assert!(
-            check_free(Some(&lease("h:/d", 0)), "other:/x", "v").is_ok(),
-            "expired"
-        );
-        let released = Lease {
-            released: true,
-            ..l.clone()
+            host: None,
         };
-        assert!(check_free(Some(&released), "other:/x", "v").is_ok());
-        assert!(check_free(None, "x", "v").is_ok());
+        let s = standing(&store, &l).await.unwrap();
+        assert!(matches!(&s, Standing::Live { detail, .. } if detail.contains("pid 7")), "{s:?}");
+        l.renewed_unix_ms = 0;
+        assert!(matches!(standing(&store, &l).await.unwrap(), Standing::Free));
+        l.renewed_unix_ms = now_ms();
+        l.released = true;
+        assert!(matches!(standing(&store, &l).await.unwrap(), Standing::Free));
     }
 
     async fn lease_protocol_on(store: Store) {
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (ha, hb) = (host(&store, da.path()).await, host(&store, db.path()).await);
         let names = ObjectNames::new("v");
-        let a = acquire(&store, &names, "A", 60_000, 1, "v").await.unwrap();
-        let err = acquire(&store, &names, "B", 60_000, 2, "v")
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("served by A"), "{err}");
-        let a = renew(&store, &names, &a).await.unwrap();
-        // A stale copy of our own lease is a conflict, but the token says
-        // it is ours (a retried write whose first reply was lost).
+        let a = acquire(&store, &names, &ha, 1, "v").await.unwrap();
+        let err = acquire(&store, &names, &hb, 2, "v").await.unwrap_err();
+        assert!(err.to_string().contains("is being served by"), "{err}");
+        assert!(err.to_string().contains("strata volume handover v"), "{err}");
+        // A lost reply: a stale version of our own lease, the token says
+        // it is ours.
         let stale = HeldLease {
             version: UpdateVersion {
                 e_tag: Some("\"stale\"".into()),
@@ -261,17 +340,21 @@ mod tests {
             },
             ..a.clone()
         };
-        let a = renew(&store, &names, &stale).await.unwrap();
+        let a = reclaim(&store, &names, &a, &ha.incarnation()).await.unwrap();
+        let _ = reclaim(&store, &names, &stale, &ha.incarnation()).await;
         release(&store, &names, &a).await.unwrap();
-        let b = acquire(&store, &names, "B", 60_000, 2, "v").await.unwrap();
-        match renew(&store, &names, &a).await {
-            Err(RenewError::Fenced(d)) => assert!(d.contains("by B"), "{d}"),
+        let b = acquire(&store, &names, &hb, 2, "v").await.unwrap();
+        match reclaim(&store, &names, &a, "new").await {
+            Err(RenewError::Fenced(d)) => assert!(d.contains("epoch 2"), "{d}"),
             other => panic!("A was not fenced: {other:?}"),
         }
         assert_eq!(
             read_lease(&store, &names).await.unwrap().unwrap().0,
             b.lease
         );
+        // Once B's host stops, its lease is free even unreleased.
+        hb.stop().await;
+        acquire(&store, &names, &ha, 3, "v").await.unwrap();
     }
 
     #[tokio::test]

@@ -44,9 +44,13 @@ pub fn lock_locally(path: &Path, volume: &str) -> Result<LocalLock, VolumeError>
 /// Our holder id: host, data directory, and a random id kept in the data
 /// directory (two hosts may share a hostname and a path).
 pub fn holder_id(data_dir: &Path) -> Result<String, VolumeError> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into());
+    host_identity(data_dir).map(|(holder, _)| holder)
+}
+
+/// The holder id and the data directory's whole id (32 hex digits), which
+/// names this host's liveness record.
+pub fn host_identity(data_dir: &Path) -> Result<(String, String), VolumeError> {
+    let host = hostname();
     let dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     let id_path = data_dir.join("instance-id");
     let io = |source| VolumeError::Io {
@@ -57,7 +61,14 @@ pub fn holder_id(data_dir: &Path) -> Result<String, VolumeError> {
         Some(id) => id,
         None => create_id(data_dir, &id_path).map_err(io)?,
     };
-    Ok(format!("{host}:{} ({})", dir.display(), &id[..12]))
+    Ok((format!("{host}:{} ({})", dir.display(), &id[..12]), id))
+}
+
+/// This machine's host name (`unknown-host` if it cannot be read).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
 }
 
 fn read_id(path: &Path) -> Option<String> {

@@ -1,15 +1,16 @@
 //! `Ownership`: a volume's right to write while it is open: the local lock
-//! and lease it holds, until when writes may be acknowledged (the lease's
-//! TTL less a margin, measured from when the last renewal was *sent*), and
-//! whether it was fenced.
+//! and lease it holds, and whether writes may be acknowledged now: while
+//! its host is valid (`host_liveness.rs`) and the lease stands under the
+//! host's current incarnation; never once fenced.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::Arc;
 
 use strata_store::{ObjectNames, Store};
 use tokio::sync::Notify;
 
-use super::lease::{release, renew, HeldLease, RenewError};
+use super::host_liveness::HostLiveness;
+use super::lease::{reclaim, release, HeldLease, RenewError};
 use super::local_lock::LocalLock;
 use crate::error::VolumeError;
 
@@ -24,8 +25,8 @@ pub(crate) enum WriteRefused {
     TakenOver(String),
 }
 
-/// A volume's right to write, while open: the lease we hold, until when it
-/// lets us write, and whether we were fenced.
+/// A volume's right to write, while open: the lease we hold, the host
+/// whose liveness keeps it, and whether we were fenced.
 pub(crate) struct Ownership {
     pub holder: String,
     pub epoch: u64,
@@ -34,65 +35,56 @@ pub(crate) struct Ownership {
     /// a journal of ours that the store has no segment of yet).
     pub last_opened_here: bool,
     pub ttl_ms: u64,
+    host: Arc<HostLiveness>,
     local_lock: parking_lot::Mutex<Option<LocalLock>>,
     held: tokio::sync::Mutex<HeldLease>,
-    started: Instant,
-    /// Writes are allowed until this many ms after `started`.
-    valid_until_ms: AtomicU64,
+    /// The host incarnation the lease stands under.
+    claimed: parking_lot::Mutex<String>,
     fenced: parking_lot::Mutex<Option<String>>,
     /// `fenced.is_some()`, readable without the lock (every read checks it).
     is_fenced: AtomicBool,
     /// Set once the volume is closed and the lease given up.
     released: AtomicBool,
+    /// Lease writes after the open (re-claims under a new incarnation).
     renewals: AtomicU64,
     renewal_failures: AtomicU64,
-    /// Woken when validity or fencing changes.
+    /// Woken when fencing changes or the lease is re-claimed.
     pub changed: Notify,
 }
 
 impl Ownership {
-    /// `sent_at`: when the write of `held` was sent.
-    pub(crate) fn new(holder: String, lock: LocalLock, held: HeldLease, sent_at: Instant) -> Self {
-        let ttl_ms = held.lease.ttl_ms;
-        let own = Ownership {
-            last_opened_here: held.previous_holder.as_deref() == Some(holder.as_str()),
-            holder,
+    pub(crate) fn new(host: Arc<HostLiveness>, lock: LocalLock, held: HeldLease) -> Self {
+        let claimed = held
+            .lease
+            .host
+            .as_ref()
+            .map(|h| h.incarnation.clone())
+            .unwrap_or_default();
+        Ownership {
+            last_opened_here: held.previous_holder.as_deref() == Some(host.holder.as_str()),
+            holder: host.holder.clone(),
             epoch: held.lease.epoch,
-            ttl_ms,
+            ttl_ms: host.ttl_ms,
+            host,
             local_lock: parking_lot::Mutex::new(Some(lock)),
             held: tokio::sync::Mutex::new(held),
-            started: sent_at,
-            valid_until_ms: AtomicU64::new(0),
+            claimed: parking_lot::Mutex::new(claimed),
             fenced: parking_lot::Mutex::new(None),
             is_fenced: AtomicBool::new(false),
             released: AtomicBool::new(false),
             renewals: AtomicU64::new(0),
             renewal_failures: AtomicU64::new(0),
             changed: Notify::new(),
-        };
-        own.extend(sent_at);
-        own
+        }
     }
 
-    /// The margin kept below the TTL for clock-rate differences and for a
-    /// request in flight when validity ends.
-    fn margin_ms(&self) -> u64 {
-        (self.ttl_ms / 6).max(200)
-    }
-
-    fn elapsed_ms(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.started).as_millis() as u64
-    }
-
-    fn extend(&self, sent_at: Instant) {
-        let until = self.elapsed_ms(sent_at) + self.ttl_ms.saturating_sub(self.margin_ms());
-        self.valid_until_ms.fetch_max(until, Ordering::AcqRel);
-        self.changed.notify_waiters();
+    pub fn host(&self) -> &Arc<HostLiveness> {
+        &self.host
     }
 
     /// Whether writes may be acknowledged now.
     pub fn is_valid(&self) -> bool {
-        self.elapsed_ms(Instant::now()) < self.valid_until_ms.load(Ordering::Acquire)
+        self.host.is_valid() && *self.claimed.lock() == self.host.incarnation()
     }
 
     pub fn fenced(&self) -> Option<String> {
@@ -106,38 +98,51 @@ impl Ownership {
         self.fenced.lock().get_or_insert(detail);
         self.is_fenced.store(true, Ordering::Release);
         self.changed.notify_waiters();
+        self.host.changed.notify_waiters();
     }
 
     /// Waits until writing is allowed; `Err` with the reason once fenced.
     pub async fn wait_valid(&self) -> Result<(), String> {
         loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+            let own = self.changed.notified();
+            let host = self.host.changed.notified();
+            tokio::pin!(own, host);
+            own.as_mut().enable();
+            host.as_mut().enable();
             if let Some(d) = self.fenced() {
                 return Err(d);
             }
             if self.is_valid() {
                 return Ok(());
             }
-            notified.await;
+            // Validity also ends by time alone: look again now and then.
+            tokio::select! {
+                () = own => {}
+                () = host => {}
+                () = tokio::time::sleep(std::time::Duration::from_millis(1000)) => {}
+            }
         }
     }
 
-    /// One renewal attempt. On a takeover the caller fences the volume
+    /// Re-claims the lease under the host's current incarnation (after it
+    /// was declared expired). On a takeover the caller fences the volume
     /// (`Volume::fence`, which words the reason clients and logs see).
-    pub(crate) async fn renew(&self, store: &Store, names: &ObjectNames) -> Result<(), RenewError> {
+    pub(crate) async fn reclaim(&self, store: &Store, names: &ObjectNames) -> Result<(), RenewError> {
         let mut held = self.held.lock().await;
         if self.is_released() {
-            // A renewal must not resurrect a lease released meanwhile.
+            // A re-claim must not resurrect a lease released meanwhile.
             return Ok(());
         }
-        let sent_at = Instant::now();
-        match renew(store, names, &held).await {
+        let incarnation = self.host.incarnation();
+        if *self.claimed.lock() == incarnation {
+            return Ok(());
+        }
+        match reclaim(store, names, &held, &incarnation).await {
             Ok(h) => {
                 *held = h;
-                self.extend(sent_at);
+                *self.claimed.lock() = incarnation;
                 self.renewals.fetch_add(1, Ordering::Relaxed);
+                self.changed.notify_waiters();
                 Ok(())
             }
             Err(e) => {
@@ -149,13 +154,11 @@ impl Ownership {
 
     /// The lease as monitoring sees it.
     pub fn stats(&self) -> LeaseStats {
-        let now_ms = self.elapsed_ms(Instant::now());
-        let valid_until_ms = self.valid_until_ms.load(Ordering::Acquire);
         let state = if self.is_fenced.load(Ordering::Acquire) {
             LeaseState::Fenced
         } else if self.is_released() {
             LeaseState::Released
-        } else if now_ms < valid_until_ms {
+        } else if self.is_valid() {
             LeaseState::Valid
         } else {
             LeaseState::Lapsed
@@ -164,7 +167,11 @@ impl Ownership {
             state,
             epoch: self.epoch,
             ttl_ms: self.ttl_ms,
-            valid_for_ms: valid_until_ms.saturating_sub(now_ms),
+            valid_for_ms: if state == LeaseState::Valid {
+                self.host.valid_for_ms()
+            } else {
+                0
+            },
             renewals: self.renewals.load(Ordering::Relaxed),
             renewal_failures: self.renewal_failures.load(Ordering::Relaxed),
         }
@@ -182,9 +189,10 @@ impl Ownership {
 
     /// Releases the lease (unless fenced) and the local lock.
     pub async fn release(&self, store: &Store, names: &ObjectNames) -> Result<(), VolumeError> {
+        let held = self.held.lock().await;
         self.released.store(true, Ordering::Release);
         let result = if self.fenced().is_none() {
-            release(store, names, &*self.held.lock().await).await
+            release(store, names, &held).await
         } else {
             Ok(())
         };
@@ -199,8 +207,10 @@ impl Ownership {
 pub enum LeaseState {
     /// Renewed in time: writes are acknowledged.
     Valid,
-    /// Not renewed within TTL less the margin (the store is unreachable):
-    /// writes wait until a renewal succeeds or the volume is fenced.
+    /// Its host's liveness not renewed within TTL less the margin (the
+    /// store is unreachable), or the lease not yet re-claimed after the
+    /// host was declared expired: writes wait until it is, or the volume
+    /// is fenced.
     Lapsed,
     /// Another server took the volume over; this one stopped serving it.
     Fenced,
@@ -227,13 +237,14 @@ impl LeaseState {
 }
 
 /// A served volume's lease: its state, the epoch this server holds, and
-/// renewals since it was opened.
+/// lease writes since it was opened (re-claims: a lease is not renewed on
+/// a timer, its host is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct LeaseStats {
     pub state: LeaseState,
     pub epoch: u64,
     pub ttl_ms: u64,
-    /// How much longer writes are allowed without a renewal.
+    /// How much longer writes are allowed without a renewal of the host.
     pub valid_for_ms: u64,
     pub renewals: u64,
     pub renewal_failures: u64,

@@ -5,19 +5,24 @@ use bytes::Bytes;
 use object_store::{PutPayload, UpdateVersion};
 use strata_store::{ObjectNames, Store};
 
+use std::sync::Arc;
+
+use super::host_liveness::HostLiveness;
 use super::lease::acquire;
-use super::local_lock::{holder_id, lock_locally};
+use super::local_lock::lock_locally;
 use super::right_to_write::Ownership;
 use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::format::manifest::Manifest;
 use crate::objects::{read_manifest_versioned, store_error};
 
-/// Takes the local lock, the store lease and a new epoch of volume `name`
-/// (see `lease.rs`). Returns the manifest as written with the new epoch.
+/// Takes the local lock, the store lease (held through `host`) and a new
+/// epoch of volume `name` (see `lease.rs`). Returns the manifest as written
+/// with the new epoch.
 pub(crate) async fn take_ownership<T>(
     store: &Store,
     config: &VolumeConfig,
+    host: &Arc<HostLiveness>,
     name: &str,
     check: impl FnOnce(&Manifest) -> Result<T, VolumeError>,
 ) -> Result<(Ownership, Manifest, UpdateVersion, T), VolumeError> {
@@ -28,11 +33,9 @@ pub(crate) async fn take_ownership<T>(
     let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
     create_journal_dir(config)?;
     let lock = lock_locally(&config.lock_path(name, &uuid), name)?;
-    let holder = holder_id(&config.data_dir)?;
     let names = ObjectNames::new(name);
     let epoch = manifest.epoch + 1;
-    let sent_at = std::time::Instant::now();
-    let held = acquire(store, &names, &holder, config.lease_ttl_ms, epoch, name).await?;
+    let held = acquire(store, &names, host, epoch, name).await?;
     let path = names.manifest();
     loop {
         if manifest.epoch >= epoch {
@@ -59,7 +62,7 @@ pub(crate) async fn take_ownership<T>(
             Err(e) => return Err(store_error(store, "write", &path)(e)),
         }
     }
-    let ownership = Ownership::new(holder, lock, held, sent_at);
+    let ownership = Ownership::new(host.clone(), lock, held);
     Ok((ownership, manifest, version, checked))
 }
 

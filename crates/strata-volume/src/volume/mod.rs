@@ -16,7 +16,7 @@
 //! - `staged.rs`: bulk writes straight into the open segment's file on
 //!   the embedded store, its syncs for FLUSH, its publication at upload;
 //! - `checkpoint.rs`: checkpoints and the manifest that names them;
-//! - `tasks.rs`: lease renewal and the age sealer;
+//! - `tasks.rs`: lease re-claims and the age sealer;
 //! - `gc.rs`: garbage collection passes (`gc/` holds the steps);
 //! - `hydrate.rs`: stored data fetched into the disk cache in the
 //!   background (`read/hydration.rs` fetches), a profile's ranges first;

@@ -1,6 +1,6 @@
 //! Opening a volume: take ownership (`ownership/`), recover its state
 //! (`recovery/`), then start its background work: uploads of segments
-//! sealed during replay, the age sealer and lease renewal (`tasks.rs`).
+//! sealed during replay, the age sealer and lease re-claims (`tasks.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
@@ -31,12 +31,13 @@ impl Volume {
         config: Arc<VolumeConfig>,
         caches: Arc<SharedCaches>,
         host_writes: Arc<crate::write::host_budget::HostWriteBudget>,
+        host: Arc<crate::ownership::HostLiveness>,
     ) -> Result<Arc<Volume>, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
         let started = std::time::Instant::now();
         let kek = config.key.clone();
         let (ownership, manifest, manifest_version, at_rest) =
-            take_ownership(&store, &config, name, |m| AtRest::open(m, kek.as_deref())).await?;
+            take_ownership(&store, &config, &host, name, |m| AtRest::open(m, kek.as_deref())).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let data_key = at_rest.data_key().cloned();
         let inherited = resolve_lineage(&store, &manifest, true, data_key.as_deref()).await?;
@@ -122,7 +123,7 @@ impl Volume {
         vol.pin_snapshots(&vol.manifest.current().await).await?;
         vol.start_replayed_uploads();
         vol.start_housekeeping();
-        vol.start_lease_renewal();
+        vol.start_lease_reclaim();
         vol.start_gc();
         vol.start_hydration(profile);
         vol.start_profile_timer();

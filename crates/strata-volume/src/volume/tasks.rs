@@ -1,5 +1,5 @@
-//! The background tasks of an open volume: lease renewal (fencing the
-//! volume on a takeover) and housekeeping (sealing old segments so an idle
+//! The background tasks of an open volume: lease re-claims after its host
+//! was declared expired (fencing the volume on a takeover) and housekeeping (sealing old segments so an idle
 //! volume's last writes reach the store; giving an idle volume's journal
 //! space and buffers back). Each holds a weak reference and ends with the
 //! volume.
@@ -12,40 +12,45 @@ use crate::ownership::RenewError;
 /// A journal with nothing the store lacks and no write for this long gives
 /// its disk space back (`Journal::punch_if_idle`).
 const JOURNAL_IDLE_MS: u64 = 30_000;
+/// How soon a failed lease re-claim is tried again.
+const RECLAIM_RETRY_MS: u64 = 500;
 /// How often housekeeping looks again while uploads are under way.
 const UPLOADS_RECHECK_MS: u64 = 1_000;
 
 impl Volume {
-    /// Renews the store lease every third of its TTL while open (every
-    /// second after a failure); fences the volume on a takeover.
-    pub(crate) fn start_lease_renewal(self: &Arc<Self>) {
+    /// Re-claims the lease whenever the host starts a new incarnation
+    /// (it was declared expired while paused or cut off); fences the
+    /// volume if it was taken over meanwhile. Sleeps on the host's
+    /// incarnation otherwise: an idle volume sends nothing.
+    pub(crate) fn start_lease_reclaim(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
-        let ttl_ms = self.ownership.ttl_ms;
+        let mut incarnation = self.ownership.host().watch_incarnation();
         tokio::spawn(async move {
-            let mut delay_ms = ttl_ms / 3;
             loop {
-                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
-                let Some(vol) = weak.upgrade() else { return };
-                // Renewals go on while a close uploads what is left (its
-                // uploads need a valid lease), until the lease is released.
-                if vol.ownership.is_released() {
+                if incarnation.changed().await.is_err() {
                     return;
                 }
-                delay_ms = match vol.ownership.renew(&vol.store, &vol.names).await {
-                    Ok(()) => {
-                        vol.space.notify_waiters();
-                        ttl_ms / 3
-                    }
-                    Err(RenewError::Fenced(detail)) => {
-                        vol.fence(detail);
+                loop {
+                    let Some(vol) = weak.upgrade() else { return };
+                    if vol.ownership.is_released() {
                         return;
                     }
-                    Err(RenewError::Store(e)) => {
-                        let valid = vol.ownership.is_valid();
-                        tracing::warn!(volume = %vol.name, error = %strata_store::ErrorText(&e), writes_allowed = valid, "cannot renew the lease; retrying (writes wait once it may have expired)");
-                        (ttl_ms / 10).clamp(100, 1000)
+                    match vol.ownership.reclaim(&vol.store, &vol.names).await {
+                        Ok(()) => {
+                            vol.space.notify_waiters();
+                            break;
+                        }
+                        Err(RenewError::Fenced(detail)) => {
+                            vol.fence(detail);
+                            return;
+                        }
+                        Err(RenewError::Store(e)) => {
+                            tracing::warn!(volume = %vol.name, error = %strata_store::ErrorText(&e), "cannot re-claim the lease after this host was declared expired; retrying (writes wait)");
+                        }
                     }
-                };
+                    drop(vol);
+                    tokio::time::sleep(std::time::Duration::from_millis(RECLAIM_RETRY_MS)).await;
+                }
             }
         });
     }

@@ -209,6 +209,15 @@ impl Volume {
                 }
                 continue;
             }
+            if reason == WaitFor::Lease {
+                // The host's renewal (or a re-claim) makes it valid again;
+                // fencing ends the wait too (the next try fails).
+                tokio::select! {
+                    () = &mut notified => {}
+                    _ = self.ownership.wait_valid() => {}
+                }
+                continue;
+            }
             notified.await;
         };
         if let Some((reason, since)) = waiting {
@@ -283,8 +292,9 @@ impl Volume {
             return Ok(Err(WaitFor::HostBuffer));
         }
         if !self.ownership.is_valid() {
-            // The lease may have expired: another server may own the volume
-            // now. Wait for a renewal (or fencing) before acknowledging.
+            // The host's liveness may have expired: another server may own
+            // the volume now. Wait for a renewal (or fencing) before
+            // acknowledging.
             return Ok(Err(WaitFor::Lease));
         }
         // A bulk write's bytes go into its segment's file first; the

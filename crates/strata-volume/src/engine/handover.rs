@@ -1,0 +1,267 @@
+//! Handover on request: a host lets go of a volume another host asks for
+//! (every write uploaded, a checkpoint, the lease released), and how a host
+//! asks the holder of a volume to let go.
+//!
+//! The request reaches the holder one of two ways (design note
+//! `docs/design/ownership.md`, "Handover"):
+//! - its server's control socket, when the holder's host record advertises
+//!   one on this machine: answered at once (the socket is the user's own,
+//!   mode 0600);
+//! - its host record in the store (`request_handover_through_store`): the
+//!   holder finds the request when its next renewal fails its If-Match,
+//!   within TTL/3 (10 s by default). Anyone with the store's credentials can
+//!   ask, as anyone with them can already delete the volume.
+//!
+//! Either way the asker then waits for the lease to be released.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use strata_store::{validate_volume_name, ObjectNames};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use super::Engine;
+use crate::error::VolumeError;
+use crate::ownership::{read_lease, request_handover_through_store, standing, Standing};
+
+/// After handing a volume over, this engine does not take it back for
+/// this long (its own clients would otherwise re-open it before the asker
+/// does); after it, whoever asks first.
+const HANDOVER_HOLD_OFF: Duration = Duration::from_secs(30);
+/// How often the asker looks at the lease while waiting for the release.
+const RELEASE_POLL: Duration = Duration::from_millis(50);
+/// Largest reply read from a holder's control socket.
+const MAX_REPLY_BYTES: u64 = 64 << 10;
+
+/// What handing a volume over did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HandoverReport {
+    pub volume: String,
+    /// Whether this engine had the volume open (false: nothing to do).
+    pub was_open: bool,
+    /// Bytes uploaded by the close (what the journal held).
+    pub bytes_uploaded: u64,
+    /// From the request to the lease released.
+    pub elapsed_ms: u64,
+}
+
+/// How a handover request was carried, and what came of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HandoverOutcome {
+    pub volume: String,
+    /// Who held the volume (`None`: nobody; nothing was asked).
+    pub holder: Option<String>,
+    /// "control socket", "store", or "none".
+    pub via: &'static str,
+    /// The holder's own report, over the control socket.
+    pub report: Option<HandoverReport>,
+    /// From the request to the lease seen released.
+    pub elapsed_ms: u64,
+}
+
+impl Engine {
+    /// Lets go of volume `name` if this engine holds it: closes it (every
+    /// write uploaded, the lease released) and does not take it back for
+    /// `HANDOVER_HOLD_OFF`.
+    pub async fn hand_over(&self, name: &str) -> Result<HandoverReport, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        let started = Instant::now();
+        let Some(vol) = self.served_or_opening(name).await else {
+            return Ok(HandoverReport {
+                volume: name.to_string(),
+                was_open: false,
+                bytes_uploaded: 0,
+                elapsed_ms: 0,
+            });
+        };
+        self.handed_over
+            .lock()
+            .insert(name.to_string(), Instant::now());
+        let before = vol.stats().bytes_uploaded;
+        let closed = vol.close().await;
+        let bytes_uploaded = vol.stats().bytes_uploaded.saturating_sub(before);
+        self.open.lock().remove(name);
+        closed?;
+        tracing::info!(volume = %name, bytes_uploaded, elapsed_ms = started.elapsed().as_millis() as u64, "volume handed over on request");
+        Ok(HandoverReport {
+            volume: name.to_string(),
+            was_open: true,
+            bytes_uploaded,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Refuses to open a volume this engine handed over a moment ago.
+    pub(super) fn refuse_if_handed_over(&self, name: &str) -> Result<(), VolumeError> {
+        let mut handed = self.handed_over.lock();
+        if let Some(at) = handed.get(name) {
+            let ago = at.elapsed();
+            if ago < HANDOVER_HOLD_OFF {
+                return Err(VolumeError::Busy(format!(
+                    "volume {name:?} was handed over to another host {} ms ago at its request; this server takes it back only {} s after that",
+                    ago.as_millis(),
+                    HANDOVER_HOLD_OFF.as_secs()
+                )));
+            }
+            handed.remove(name);
+        }
+        Ok(())
+    }
+
+    /// Answers handover requests that arrive through this host's record in
+    /// the store, until the engine's host stops. Sleeps on them otherwise.
+    pub async fn answer_store_requests(self: Arc<Self>) {
+        let Ok(host) = self.host().await else { return };
+        loop {
+            let notified = host.requests_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            for r in host.take_pending_requests() {
+                if let Err(e) = self.hand_over(&r.volume).await {
+                    tracing::warn!(volume = %r.volume, by = %r.by, error = %e, "handover requested through the store failed");
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Asks the holder of volume `name` to let go, and waits (at most
+    /// `timeout`) until its lease is released. Nothing to do when nobody
+    /// holds it; an error when its holder's host is gone (the next server
+    /// to open it takes it over) or runs a release without host liveness.
+    pub async fn request_handover(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<HandoverOutcome, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        let started = Instant::now();
+        let names = ObjectNames::new(name);
+        let nobody = |via| HandoverOutcome {
+            volume: name.to_string(),
+            holder: None,
+            via,
+            report: None,
+            elapsed_ms: 0,
+        };
+        let Some((lease, _)) = read_lease(&self.store, &names).await? else {
+            return Ok(nobody("none"));
+        };
+        let record = match standing(&self.store, &lease).await? {
+            Standing::Free => return Ok(nobody("none")),
+            Standing::HostExpired(r, _) => {
+                return Err(VolumeError::Busy(format!(
+                    "volume {name:?} is held by {}, whose host stopped renewing its liveness {} s ago: it cannot answer; the next server to open the volume takes it over",
+                    lease.describe(),
+                    r.age_ms(crate::clock::now_ms()) / 1000
+                )))
+            }
+            Standing::Live { host: None, detail } => {
+                return Err(VolumeError::Busy(format!(
+                    "volume {name:?} is held by {detail}, which cannot hand over on request: stop that server (SIGTERM) to release it"
+                )))
+            }
+            Standing::Live {
+                host: Some(r),
+                detail: _,
+            } => r,
+        };
+        let holder = Some(lease.describe());
+        let here = crate::ownership::hostname();
+        let socket = record
+            .control_socket
+            .as_deref()
+            .filter(|_| record.hostname == here)
+            .filter(|p| std::path::Path::new(p).exists());
+        let (via, report) = match socket {
+            Some(path) => match ask_over_socket(path, name).await {
+                Ok(report) => ("control socket", Some(report)),
+                Err(e) => {
+                    tracing::info!(socket = %path, error = %e, "the holder's control socket did not answer; asking through the store");
+                    self.ask_through_store(name, &record.id).await?;
+                    ("store", None)
+                }
+            },
+            None => {
+                self.ask_through_store(name, &record.id).await?;
+                ("store", None)
+            }
+        };
+        self.wait_released(name, &lease.token, started + timeout)
+            .await?;
+        Ok(HandoverOutcome {
+            volume: name.to_string(),
+            holder,
+            via,
+            report,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    async fn ask_through_store(&self, name: &str, host_id: &str) -> Result<(), VolumeError> {
+        let by = crate::ownership::holder_id(&self.config.data_dir)
+            .unwrap_or_else(|_| "a strata command".into());
+        if !request_handover_through_store(&self.store, host_id, name, &by).await? {
+            // It stopped meanwhile: the lease is released or free to take.
+            tracing::info!(volume = %name, "the holder's host is no longer alive");
+        }
+        Ok(())
+    }
+
+    /// Waits until the lease `token` names is no longer held.
+    async fn wait_released(
+        &self,
+        name: &str,
+        token: &str,
+        deadline: Instant,
+    ) -> Result<(), VolumeError> {
+        let names = ObjectNames::new(name);
+        loop {
+            match read_lease(&self.store, &names).await? {
+                None => return Ok(()),
+                Some((l, _)) if l.token != token || l.released => return Ok(()),
+                Some((l, _)) => {
+                    if !matches!(standing(&self.store, &l).await?, Standing::Live { .. }) {
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(VolumeError::Busy(format!(
+                    "volume {name:?}: its holder did not release it in time (it may be uploading a large journal; try again, or give a longer --timeout)"
+                )));
+            }
+            tokio::time::sleep(RELEASE_POLL).await;
+        }
+    }
+}
+
+/// One handover request over a holder's control socket (the JSON-lines
+/// protocol of `strata serve`'s `control.rs`: `{"op":"handover",...}`).
+async fn ask_over_socket(path: &str, volume: &str) -> Result<HandoverReport, String> {
+    let mut conn = tokio::net::UnixStream::connect(path)
+        .await
+        .map_err(|e| format!("connect {path}: {e}"))?;
+    let request = serde_json::json!({"op": "handover", "volume": volume});
+    let mut line = request.to_string().into_bytes();
+    line.push(b'\n');
+    conn.write_all(&line)
+        .await
+        .map_err(|e| format!("send to {path}: {e}"))?;
+    let mut reply = String::new();
+    BufReader::new(conn.take(MAX_REPLY_BYTES))
+        .read_line(&mut reply)
+        .await
+        .map_err(|e| format!("read from {path}: {e}"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&reply).map_err(|e| format!("unreadable reply from {path}: {e}"))?;
+    if let Some(ok) = value.get("ok") {
+        return serde_json::from_value(ok.clone()).map_err(|e| format!("reply from {path}: {e}"));
+    }
+    let error = value
+        .get("error")
+        .and_then(|e| e.as_str())
+        .unwrap_or("no answer");
+    Err(format!("the holder refused: {error}"))
+}

@@ -1,0 +1,159 @@
+//! The host record's layout: one object per host (`.hosts/<id>`) that
+//! proves the host alive, so its volumes' leases need no renewal of their
+//! own (`ownership/host_liveness.rs` writes it; design note
+//! `docs/design/ownership.md`).
+//!
+//! The envelope of `envelope.rs` (magic "STRATHST", version 1, body at most
+//! 64 KiB) around a JSON body:
+//!
+//! ```text
+//! id                32 hex digits: the data directory's id (instance-id),
+//!                   or that id, '.', and 12 more for a second process on
+//!                   one data directory (an admin command beside a server)
+//! holder            "<hostname>:<data dir> (<id, 12 digits>)", as leases name it
+//! hostname          the host's name (a control socket is only reachable there)
+//! pid               the server process
+//! incarnation       random per start, and per restart of liveness after
+//!                   another host declared this one expired: a lease names
+//!                   the incarnation it was taken under
+//! renewed_unix_ms   wall clock at the last renewal
+//! ttl_ms            live until renewed_unix_ms + ttl_ms
+//! state             "alive" | "stopped" (clean shutdown) | "expired"
+//!                   (declared by a host taking a volume over, `expired_by`)
+//! control_socket    absolute path of the server's control socket, if any
+//! handover_requests volumes other hosts asked this one to let go of
+//!                   (at most MAX_HANDOVER_REQUESTS), answered at the next
+//!                   renewal
+//! ```
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::envelope;
+
+const MAGIC: &[u8; 8] = b"STRATHST";
+const MAX_BODY_BYTES: usize = 64 << 10;
+/// Handover requests a host record carries at most (more are refused).
+pub const MAX_HANDOVER_REQUESTS: usize = 64;
+
+/// Where a host stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostState {
+    /// Renewed on a timer while its server runs.
+    Alive,
+    /// Its server stopped cleanly (every lease it held was released).
+    Stopped,
+    /// Another host found it not renewed within its TTL and said so with a
+    /// conditional write, before taking a volume of it over: the host's
+    /// next renewal fails, and it must re-claim each lease before writing.
+    Expired,
+}
+
+/// A volume another host asked this one to hand over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandoverRequest {
+    pub volume: String,
+    /// The asking host's holder string (for the log).
+    pub by: String,
+    pub at_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    pub id: String,
+    pub holder: String,
+    pub hostname: String,
+    pub pid: u32,
+    pub incarnation: String,
+    pub renewed_unix_ms: u64,
+    pub ttl_ms: u64,
+    pub state: HostState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_socket: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handover_requests: Vec<HandoverRequest>,
+}
+
+impl HostRecord {
+    /// Whether the host counts as alive at `now_unix_ms`: renewed within
+    /// its TTL and neither stopped nor declared expired.
+    pub fn is_live(&self, now_unix_ms: u64) -> bool {
+        self.state == HostState::Alive && self.age_ms(now_unix_ms) < self.ttl_ms
+    }
+
+    pub fn age_ms(&self, now_unix_ms: u64) -> u64 {
+        now_unix_ms.saturating_sub(self.renewed_unix_ms)
+    }
+
+    pub fn encode(&self) -> Bytes {
+        let body = serde_json::to_vec(self).unwrap_or_default();
+        Bytes::from(envelope::encode(MAGIC, &body))
+    }
+
+    pub fn decode(b: &[u8]) -> Result<HostRecord, String> {
+        let body = envelope::decode(MAGIC, "host record", MAX_BODY_BYTES, b)?;
+        let r: HostRecord =
+            serde_json::from_slice(body).map_err(|e| format!("host record body: {e}"))?;
+        if r.handover_requests.len() > MAX_HANDOVER_REQUESTS {
+            return Err(format!(
+                "host record holds {} handover requests (at most {MAX_HANDOVER_REQUESTS})",
+                r.handover_requests.len()
+            ));
+        }
+        if r.ttl_ms == 0 {
+            return Err("host record has a TTL of 0".into());
+        }
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn record() -> HostRecord {
+        HostRecord {
+            id: "0123456789abcdef0123456789abcdef".into(),
+            holder: "h:/d (0123456789ab)".into(),
+            hostname: "h".into(),
+            pid: 7,
+            incarnation: "i1".into(),
+            renewed_unix_ms: 1_000,
+            ttl_ms: 30_000,
+            state: HostState::Alive,
+            expired_by: None,
+            control_socket: Some("/d/control.sock".into()),
+            handover_requests: vec![HandoverRequest {
+                volume: "v".into(),
+                by: "other".into(),
+                at_unix_ms: 5,
+            }],
+        }
+    }
+
+    #[test]
+    fn round_trip_liveness_and_corruption() {
+        let r = record();
+        let b = r.encode();
+        assert_eq!(HostRecord::decode(&b).unwrap(), r);
+        assert!(r.is_live(2_000));
+        assert!(!r.is_live(31_000), "expired by time");
+        let stopped = HostRecord {
+            state: HostState::Stopped,
+            ..r.clone()
+        };
+        assert!(!stopped.is_live(2_000));
+        let mut c = b.to_vec();
+        c[30] ^= 1;
+        assert!(HostRecord::decode(&c).is_err());
+        let many = HostRecord {
+            handover_requests: vec![r.handover_requests[0].clone(); MAX_HANDOVER_REQUESTS + 1],
+            ..r
+        };
+        let err = HostRecord::decode(&many.encode()).unwrap_err();
+        assert!(err.contains("handover requests"), "{err}");
+    }
+}
