@@ -112,7 +112,17 @@ impl Engine {
     /// Answers handover requests that arrive through this host's record in
     /// the store, until the engine's host stops. Sleeps on them otherwise.
     pub async fn answer_store_requests(self: Arc<Self>) {
-        let Ok(host) = self.host().await else { return };
+        let host = loop {
+            match self.host().await {
+                Ok(host) => break host,
+                Err(e) => {
+                    // The volumes' opens say the same; this retries until
+                    // the store answers.
+                    tracing::warn!(error = %e, "cannot start this host's liveness record; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
         loop {
             let notified = host.requests_changed.notified();
             tokio::pin!(notified);

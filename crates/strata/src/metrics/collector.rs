@@ -63,8 +63,46 @@ impl Collector for StrataCollector {
         }
         store_families(&mut enc, &stats.store)?;
         cache_families(&mut enc, &stats.read_path)?;
+        if let Some(host) = self.engine.host_stats() {
+            host_families(&mut enc, &host)?;
+        }
         volume_families(&mut enc, &stats.volumes)
     }
+}
+
+/// This host's liveness record (`ownership/host_liveness.rs`): one renewal
+/// per host every third of --lease-ttl-ms, whatever the volume count.
+fn host_families(enc: &mut DescriptorEncoder, h: &strata_volume::HostStats) -> fmt::Result {
+    counter(
+        enc,
+        "strata_host_liveness_renewals_total",
+        "Renewals of this host's liveness record in the store (one keeps every volume of the host).",
+        h.renewals,
+    )?;
+    counter(
+        enc,
+        "strata_host_liveness_renewal_failures_total",
+        "Renewals of this host's liveness record that failed (the store unreachable); writes wait once the TTL less a margin has passed without one.",
+        h.renewal_failures,
+    )?;
+    counter(
+        enc,
+        "strata_host_incarnations_total",
+        "Times another host declared this one expired (it did not renew in time) and it started anew, re-claiming each volume's lease.",
+        h.incarnations,
+    )?;
+    gauge(
+        enc,
+        "strata_host_liveness_valid",
+        "1 while this host's liveness lets its volumes acknowledge writes.",
+        u64::from(h.valid),
+    )?;
+    gauge(
+        enc,
+        "strata_host_liveness_valid_for_seconds",
+        "How much longer writes are acknowledged without another renewal of this host's liveness.",
+        h.valid_for_ms as f64 / 1000.0,
+    )
 }
 
 pub(super) fn label(key: &'static str, value: &str) -> Labels {

@@ -233,13 +233,13 @@ const PER_VOLUME: &[PerVolume] = &[
     (
         Counter,
         "strata_volume_lease_renewals_total",
-        "Lease renewals written.",
+        "Lease writes after the open: re-claims after this host was declared expired (leases are not renewed on a timer; the host's liveness is, strata_host_liveness_renewals_total).",
         |v| v.lease.renewals,
     ),
     (
         Counter,
         "strata_volume_lease_renewal_failures_total",
-        "Lease renewals that failed (the store unreachable, or the volume taken over).",
+        "Lease re-claims that failed (the store unreachable, or the volume taken over).",
         |v| v.lease.renewal_failures,
     ),
     (
