@@ -59,7 +59,9 @@ pub use crash_point::{
 };
 pub use engine::diffs::DiffSummary;
 pub use engine::images::{ImageSink, ImageSummary};
-pub use engine::{Engine, EngineStats, HandoverOutcome, HandoverReport, VolumeInfo, MAX_VOLUME_BYTES};
+pub use engine::{
+    Engine, EngineStats, HandoverOutcome, HandoverReport, VolumeInfo, MAX_VOLUME_BYTES,
+};
 pub use error::{JournalError, VolumeError};
 pub use format::access_profile::{AccessProfile, ProfileRange};
 pub use format::frame::Compression;

@@ -132,7 +132,12 @@ pub struct Engine {
         parking_lot::Mutex<HashMap<String, std::sync::Weak<crate::snapshot::SnapshotView>>>,
     /// This host's liveness, started at the first volume this engine takes
     /// (`ownership/host_liveness.rs`); every lease it holds names it.
-    host: OnceCell<Arc<HostLiveness>>,
+    /// Replaced when an admin command's engine stopped it and needs it again.
+    host: tokio::sync::Mutex<Option<Arc<HostLiveness>>>,
+    /// The same, readable without the lock (metrics).
+    host_now: parking_lot::Mutex<Option<Arc<HostLiveness>>>,
+    /// Opens (and deletions) under way: the host must not stop under them.
+    host_users: std::sync::atomic::AtomicUsize,
     /// Volumes this engine handed over on request, and when: it does not
     /// take them back for `HANDOVER_HOLD_OFF` (the asker opens them).
     handed_over: parking_lot::Mutex<HashMap<String, std::time::Instant>>,
@@ -156,7 +161,9 @@ impl Engine {
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
             snapshot_views: parking_lot::Mutex::new(HashMap::new()),
-            host: OnceCell::new(),
+            host: tokio::sync::Mutex::new(None),
+            host_now: parking_lot::Mutex::new(None),
+            host_users: std::sync::atomic::AtomicUsize::new(0),
             handed_over: parking_lot::Mutex::new(HashMap::new()),
             serving: std::sync::atomic::AtomicBool::new(false),
         })
@@ -492,16 +499,21 @@ impl Engine {
                 "volume {name:?} is being served; stop serving it first"
             )));
         }
+        let result = {
+            let _user = HostUser::new(&self.host_users);
+            self.delete_held(name).await
+        };
+        // An admin command's host record goes with its last use.
+        self.stop_host_if_unused().await;
+        result
+    }
+
+    /// `delete_volume` once it is not open here.
+    async fn delete_held(&self, name: &str) -> Result<(), VolumeError> {
         // Refuse while any server holds the volume; hold it while deleting.
         let host = self.host().await?;
-        let taken = take_ownership(&self.store, &self.config, &host, name, |_| Ok(())).await;
-        let (_ownership, manifest, version, ()) = match taken {
-            Ok(t) => t,
-            Err(e) => {
-                self.stop_host_if_unused().await;
-                return Err(e);
-            }
-        };
+        let (_ownership, manifest, version, ()) =
+            take_ownership(&self.store, &self.config, &host, name, |_| Ok(())).await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let names = ObjectNames::new(name);
         self.refuse_if_cloned(&manifest, &version).await?;
@@ -617,6 +629,7 @@ impl Engine {
         let vol = cell
             .get_or_try_init(|| async {
                 self.refuse_if_handed_over(name)?;
+                let _user = HostUser::new(&self.host_users);
                 Volume::open(
                     self.store.clone(),
                     name,
@@ -644,22 +657,28 @@ impl Engine {
         Ok(vol.clone())
     }
 
-    /// This host's liveness, started on first use (`HostLiveness::start`).
+    /// This host's liveness, started on first use (`HostLiveness::start`),
+    /// and again if an admin command's engine stopped it meanwhile.
     pub(crate) async fn host(&self) -> Result<Arc<HostLiveness>, VolumeError> {
-        let host = self.host.get_or_try_init(|| {
-            let socket = self
-                .config
-                .control_socket
-                .as_ref()
-                .map(|p| p.display().to_string());
-            HostLiveness::start(
-                self.store.clone(),
-                &self.config.data_dir,
-                self.config.lease_ttl_ms,
-                socket,
-            )
-        });
-        Ok(host.await?.clone())
+        let mut host = self.host.lock().await;
+        if let Some(h) = host.as_ref().filter(|h| !h.is_stopped()) {
+            return Ok(h.clone());
+        }
+        let socket = self
+            .config
+            .control_socket
+            .as_ref()
+            .map(|p| p.display().to_string());
+        let started = HostLiveness::start(
+            self.store.clone(),
+            &self.config.data_dir,
+            self.config.lease_ttl_ms,
+            socket,
+        )
+        .await?;
+        *host = Some(started.clone());
+        *self.host_now.lock() = Some(started.clone());
+        Ok(started)
     }
 
     /// A server keeps its host record alive while it has no volume open
@@ -670,21 +689,27 @@ impl Engine {
     }
 
     /// An admin command's engine says its host stopped once nothing is
-    /// open: no record is left renewing behind a finished command.
+    /// open or opening: no record is left renewing behind a finished
+    /// command.
     async fn stop_host_if_unused(&self) {
-        if self.serving.load(std::sync::atomic::Ordering::Acquire) {
+        use std::sync::atomic::Ordering;
+        if self.serving.load(Ordering::Acquire) {
             return;
         }
+        let mut host = self.host.lock().await;
         let any_open = self.open.lock().values().any(|c| c.initialized());
-        if let (false, Some(host)) = (any_open, self.host.get()) {
-            host.stop().await;
+        if any_open || self.host_users.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        if let Some(h) = host.take() {
+            h.stop().await;
         }
     }
 
     /// What this host's liveness looks like (`None`: not started: this
     /// engine holds no volume yet).
     pub fn host_stats(&self) -> Option<crate::ownership::HostStats> {
-        self.host.get().map(|h| h.stats())
+        self.host_now.lock().as_ref().map(|h| h.stats())
     }
 
     /// Counters of the store, the shared caches and every open volume.
@@ -718,7 +743,7 @@ impl Engine {
         let volumes: Vec<Arc<Volume>> = cells.iter().filter_map(|c| c.get().cloned()).collect();
         let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;
         // Every lease is released: the host record says this host stopped.
-        if let Some(host) = self.host.get() {
+        if let Some(host) = self.host.lock().await.take() {
             host.stop().await;
         }
         // The disk cache's queue (at most 64 MiB of page-cache writes) is
@@ -729,5 +754,22 @@ impl Engine {
             tracing::warn!("background reads and disk cache writes still running at close; the disk cache may miss their blocks after the restart");
         }
         results.into_iter().collect()
+    }
+}
+
+/// Counts an open or a deletion under way (`Engine::host_users`) while it
+/// lives.
+struct HostUser<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> HostUser<'a> {
+    fn new(users: &'a std::sync::atomic::AtomicUsize) -> Self {
+        users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        HostUser(users)
+    }
+}
+
+impl Drop for HostUser<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }

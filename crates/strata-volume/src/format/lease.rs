@@ -83,8 +83,7 @@ impl Lease {
     pub fn decode(b: &[u8]) -> Result<Lease, String> {
         let (version, body) =
             envelope::decode_versions(MAGIC, "lease", VERSION_HOSTED, MAX_BODY_BYTES, b)?;
-        let lease: Lease =
-            serde_json::from_slice(body).map_err(|e| format!("lease body: {e}"))?;
+        let lease: Lease = serde_json::from_slice(body).map_err(|e| format!("lease body: {e}"))?;
         if version == VERSION_HOSTED && lease.host.is_none() && !lease.released {
             return Err("lease version 2 names no host".into());
         }
@@ -148,7 +147,11 @@ mod tests {
         assert_eq!(r[8], 1, "an older server may open a released volume");
         assert!(envelope::decode(MAGIC, "lease", MAX_BODY_BYTES, &r).is_ok());
         // Version 2 without a host is not a lease this strata wrote.
-        let body = serde_json::to_vec(&Lease { host: None, ..hosted }).unwrap();
+        let body = serde_json::to_vec(&Lease {
+            host: None,
+            ..hosted
+        })
+        .unwrap();
         let forged = envelope::encode_version(MAGIC, 2, &body);
         assert!(Lease::decode(&forged).is_err());
     }

@@ -17,9 +17,9 @@ pub mod clone_marker;
 pub mod diff_file;
 pub mod envelope;
 pub mod frame;
-pub mod host_record;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod host_record;
 pub mod journal;
 pub mod key_wrap;
 pub mod lease;

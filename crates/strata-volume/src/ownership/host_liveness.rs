@@ -165,9 +165,9 @@ pub async fn request_handover_through_store(
             return Ok(false);
         }
         let now = now_ms();
-        record
-            .handover_requests
-            .retain(|r| r.volume != volume && now.saturating_sub(r.at_unix_ms) < HANDOVER_REQUEST_MAX_AGE_MS);
+        record.handover_requests.retain(|r| {
+            r.volume != volume && now.saturating_sub(r.at_unix_ms) < HANDOVER_REQUEST_MAX_AGE_MS
+        });
         if record.handover_requests.len() >= crate::format::host_record::MAX_HANDOVER_REQUESTS {
             return Err(VolumeError::Busy(format!(
                 "host {} has {} handover requests waiting; try again in a few seconds",
@@ -204,6 +204,10 @@ impl HostLiveness {
         ttl_ms: u64,
         control_socket: Option<String>,
     ) -> Result<Arc<HostLiveness>, VolumeError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| VolumeError::Io {
+            what: format!("create the data directory {}", data_dir.display()),
+            source,
+        })?;
         let (holder, data_dir_id) = host_identity(data_dir)?;
         // One host record per data directory: its server holds this lock.
         // A second process there (an admin command beside the server) gets
@@ -345,8 +349,11 @@ impl HostLiveness {
                 Err(e) => return Err(store_error(&self.store, "write", &path)(e)),
             }
             match read_host_record(&self.store, &self.id).await? {
-                Some((r, v)) if r.incarnation == w.record.incarnation && r.state == HostState::Alive => {
-                    if r.renewed_unix_ms == record.renewed_unix_ms && r.handover_requests.is_empty() {
+                Some((r, v))
+                    if r.incarnation == w.record.incarnation && r.state == HostState::Alive =>
+                {
+                    if r.renewed_unix_ms == record.renewed_unix_ms && r.handover_requests.is_empty()
+                    {
                         // Our own write; its reply was lost.
                         w.record = r;
                         w.version = Some(v);
@@ -422,9 +429,16 @@ impl HostLiveness {
             && self.elapsed_ms(Instant::now()) < self.valid_until_ms.load(Ordering::Acquire)
     }
 
+    /// Whether `stop` was called (a stopped host cannot be renewed again).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
     pub fn valid_for_ms(&self) -> u64 {
         let now = self.elapsed_ms(Instant::now());
-        self.valid_until_ms.load(Ordering::Acquire).saturating_sub(now)
+        self.valid_until_ms
+            .load(Ordering::Acquire)
+            .saturating_sub(now)
     }
 
     /// The current incarnation.

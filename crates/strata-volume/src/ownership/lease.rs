@@ -107,9 +107,16 @@ pub async fn live_holder(store: &Store, lease: &Lease) -> Result<Option<String>,
     })
 }
 
-fn busy(volume: &str, detail: &str, ttl_ms: u64) -> VolumeError {
+/// The refusal of an open: who holds the volume and what to do. A holder
+/// of the previous release (`hosted` false) cannot be asked to let go.
+fn busy(volume: &str, detail: &str, ttl_ms: u64, hosted: bool) -> VolumeError {
+    let ask = if hosted {
+        format!("ask it to let go with `strata volume handover {volume}`, stop that server,")
+    } else {
+        "stop that server (SIGTERM releases the volume),".to_string()
+    };
     VolumeError::Busy(format!(
-        "volume {volume:?} is being served by {detail}; ask it to let go with `strata volume handover {volume}`, stop that server, or wait {} s after it died",
+        "volume {volume:?} is being served by {detail}; {ask} or wait {} s after it died",
         ttl_ms.div_ceil(1000)
     ))
 }
@@ -162,8 +169,9 @@ pub(crate) async fn acquire(
             match standing(store, l).await? {
                 Standing::Free => {}
                 Standing::Live { detail, host: h } => {
+                    let hosted = h.is_some();
                     let ttl_ms = h.map_or(l.ttl_ms, |h| h.ttl_ms);
-                    return Err(busy(volume, &detail, ttl_ms));
+                    return Err(busy(volume, &detail, ttl_ms, hosted));
                 }
                 Standing::HostExpired(record, version) => {
                     if !declare_expired(store, &record, &version, &host.holder).await? {
@@ -315,12 +323,21 @@ mod tests {
             host: None,
         };
         let s = standing(&store, &l).await.unwrap();
-        assert!(matches!(&s, Standing::Live { detail, .. } if detail.contains("pid 7")), "{s:?}");
+        assert!(
+            matches!(&s, Standing::Live { detail, .. } if detail.contains("pid 7")),
+            "{s:?}"
+        );
         l.renewed_unix_ms = 0;
-        assert!(matches!(standing(&store, &l).await.unwrap(), Standing::Free));
+        assert!(matches!(
+            standing(&store, &l).await.unwrap(),
+            Standing::Free
+        ));
         l.renewed_unix_ms = now_ms();
         l.released = true;
-        assert!(matches!(standing(&store, &l).await.unwrap(), Standing::Free));
+        assert!(matches!(
+            standing(&store, &l).await.unwrap(),
+            Standing::Free
+        ));
     }
 
     async fn lease_protocol_on(store: Store) {
@@ -330,7 +347,10 @@ mod tests {
         let a = acquire(&store, &names, &ha, 1, "v").await.unwrap();
         let err = acquire(&store, &names, &hb, 2, "v").await.unwrap_err();
         assert!(err.to_string().contains("is being served by"), "{err}");
-        assert!(err.to_string().contains("strata volume handover v"), "{err}");
+        assert!(
+            err.to_string().contains("strata volume handover v"),
+            "{err}"
+        );
         // A lost reply: a stale version of our own lease, the token says
         // it is ours.
         let stale = HeldLease {
@@ -340,7 +360,9 @@ mod tests {
             },
             ..a.clone()
         };
-        let a = reclaim(&store, &names, &a, &ha.incarnation()).await.unwrap();
+        let a = reclaim(&store, &names, &a, &ha.incarnation())
+            .await
+            .unwrap();
         let _ = reclaim(&store, &names, &stale, &ha.incarnation()).await;
         release(&store, &names, &a).await.unwrap();
         let b = acquire(&store, &names, &hb, 2, "v").await.unwrap();

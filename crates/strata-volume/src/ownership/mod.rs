@@ -54,8 +54,8 @@ mod right_to_write;
 mod take_ownership;
 
 pub use host_liveness::{request_handover_through_store, HostLiveness, HostStats};
-pub use lease::{live_holder, read_lease, standing, Standing};
 pub(crate) use lease::RenewError;
+pub use lease::{live_holder, read_lease, standing, Standing};
 pub use local_lock::{holder_id, hostname};
 pub(crate) use manifest_writer::ManifestWriter;
 pub use right_to_write::{LeaseState, LeaseStats};

@@ -127,7 +127,11 @@ impl Ownership {
     /// Re-claims the lease under the host's current incarnation (after it
     /// was declared expired). On a takeover the caller fences the volume
     /// (`Volume::fence`, which words the reason clients and logs see).
-    pub(crate) async fn reclaim(&self, store: &Store, names: &ObjectNames) -> Result<(), RenewError> {
+    pub(crate) async fn reclaim(
+        &self,
+        store: &Store,
+        names: &ObjectNames,
+    ) -> Result<(), RenewError> {
         let mut held = self.held.lock().await;
         if self.is_released() {
             // A re-claim must not resurrect a lease released meanwhile.

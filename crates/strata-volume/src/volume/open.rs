@@ -37,7 +37,10 @@ impl Volume {
         let started = std::time::Instant::now();
         let kek = config.key.clone();
         let (ownership, manifest, manifest_version, at_rest) =
-            take_ownership(&store, &config, &host, name, |m| AtRest::open(m, kek.as_deref())).await?;
+            take_ownership(&store, &config, &host, name, |m| {
+                AtRest::open(m, kek.as_deref())
+            })
+            .await?;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let data_key = at_rest.data_key().cloned();
         let inherited = resolve_lineage(&store, &manifest, true, data_key.as_deref()).await?;
