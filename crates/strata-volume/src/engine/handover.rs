@@ -116,9 +116,9 @@ impl Engine {
             match self.host().await {
                 Ok(host) => break host,
                 Err(e) => {
-                    // The volumes' opens say the same; this retries until
-                    // the store answers.
-                    tracing::warn!(error = %e, "cannot start this host's liveness record; retrying");
+                    // The volumes' opens report it (one line, where the
+                    // user looks); this retries until the store answers.
+                    tracing::debug!(error = %e, "cannot start this host's liveness record; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }

@@ -257,7 +257,7 @@ impl HostLiveness {
         });
         host.claim_record().await?;
         host.start_renewal();
-        tracing::info!(host = %host.holder, id = %host.id, ttl_ms, "host liveness started");
+        tracing::debug!(host = %host.holder, id = %host.id, ttl_ms, "host liveness started");
         Ok(host)
     }
 
