@@ -320,7 +320,7 @@ impl HostLiveness {
 
     /// One renewal: If-Match our last version; a conflict is read back
     /// (module doc).
-    async fn renew(&self) -> Result<(), VolumeError> {
+    pub(crate) async fn renew(&self) -> Result<(), VolumeError> {
         let path = ObjectNames::host_record(&self.id);
         let mut w = self.written.lock().await;
         if self.stopped.load(Ordering::Acquire) {
@@ -342,6 +342,7 @@ impl HostLiveness {
                     w.record = record;
                     w.version = Some(v);
                     self.extend(sent_at);
+                    self.publish_incarnation(&w.record.incarnation);
                     self.renewals.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
@@ -367,16 +368,21 @@ impl HostLiveness {
                 other => {
                     let by = other.as_ref().and_then(|(r, _)| r.expired_by.clone());
                     tracing::warn!(host = %self.holder, declared_by = by.as_deref().unwrap_or("-"), "this host was declared expired while it did not renew (paused or cut off from the store); starting a new incarnation: each volume re-claims its lease before writing, and one taken over stops");
+                    // No incarnation until the new record is in the store:
+                    // every volume stops writing now (its lease names the
+                    // old one), and none re-claims its lease under an
+                    // incarnation another host cannot see yet (it would
+                    // take that lease for one of a host that is over).
+                    self.incarnation.send_replace(String::new());
                     w.record.incarnation = incarnation_id();
                     w.record.state = HostState::Alive;
                     w.record.expired_by = None;
                     w.version = other.map(|(_, v)| v);
                     drop(w);
+                    self.incarnations.fetch_add(1, Ordering::Relaxed);
                     self.claim_record().await?;
                     let inc = self.written.lock().await.record.incarnation.clone();
-                    self.incarnations.fetch_add(1, Ordering::Relaxed);
-                    self.incarnation.send_replace(inc);
-                    self.changed.notify_waiters();
+                    self.publish_incarnation(&inc);
                     return Ok(());
                 }
             }
@@ -384,6 +390,15 @@ impl HostLiveness {
         Err(VolumeError::Busy(format!(
             "this host's liveness record {path} kept changing under its renewal"
         )))
+    }
+
+    /// Lets volumes re-claim their leases under `incarnation`, once its
+    /// record is in the store (a no-op when already published).
+    fn publish_incarnation(&self, incarnation: &str) {
+        if *self.incarnation.borrow() != incarnation {
+            self.incarnation.send_replace(incarnation.to_string());
+            self.changed.notify_waiters();
+        }
     }
 
     fn take_requests(&self, requests: &[HandoverRequest]) {
@@ -441,7 +456,8 @@ impl HostLiveness {
             .saturating_sub(now)
     }
 
-    /// The current incarnation.
+    /// The current incarnation; empty while a new one is being written
+    /// (no lease may be claimed under it, no volume writes).
     pub fn incarnation(&self) -> String {
         self.incarnation.borrow().clone()
     }
@@ -493,5 +509,92 @@ impl HostLiveness {
                 tracing::warn!(host = %self.holder, error = %strata_store::ErrorText(&e), "cannot mark this host stopped in the store; its record expires after its TTL")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ownership::lease::{acquire, read_lease, reclaim, standing, RenewError, Standing};
+
+    /// A host declared expired (as a taker does, with If-Match on the
+    /// record it read) fails its next renewal, starts a new incarnation,
+    /// and re-claims the leases nobody took; the one another host took
+    /// stays lost to it.
+    #[tokio::test]
+    async fn a_host_declared_expired_starts_anew_and_loses_only_what_was_taken() {
+        let store = Store::in_memory();
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = HostLiveness::start(store.clone(), da.path(), 60_000, None)
+            .await
+            .unwrap();
+        let b = HostLiveness::start(store.clone(), db.path(), 60_000, None)
+            .await
+            .unwrap();
+        let (kept, taken) = (ObjectNames::new("kept"), ObjectNames::new("taken"));
+        let held_kept = acquire(&store, &kept, &a, 1, "kept").await.unwrap();
+        let held_taken = acquire(&store, &taken, &a, 1, "taken").await.unwrap();
+        let first = a.incarnation();
+
+        // B finds A silent (as if past its TTL) and declares it expired,
+        // then takes one volume: the lease is free once A is expired.
+        let (record, version) = read_host_record(&store, &a.id).await.unwrap().unwrap();
+        assert!(declare_expired(&store, &record, &version, &b.holder)
+            .await
+            .unwrap());
+        let (lease, _) = read_lease(&store, &taken).await.unwrap().unwrap();
+        assert!(matches!(
+            standing(&store, &lease).await.unwrap(),
+            Standing::Free
+        ));
+        acquire(&store, &taken, &b, 2, "taken").await.unwrap();
+
+        // A's renewal fails its If-Match, reads "expired": a new
+        // incarnation, published once its record is stored.
+        let mut watch = a.watch_incarnation();
+        a.renew().await.unwrap();
+        let second = a.incarnation();
+        assert!(!second.is_empty() && second != first, "{first} -> {second}");
+        assert!(watch.has_changed().unwrap());
+        let (stored, _) = read_host_record(&store, &a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.state, stored.incarnation.as_str()),
+            (HostState::Alive, second.as_str())
+        );
+        assert_eq!(a.stats().incarnations, 1);
+
+        // The lease nobody took is re-claimed; the taken one is lost.
+        let kept_again = reclaim(&store, &kept, &held_kept, &second).await.unwrap();
+        assert_eq!(kept_again.lease.host.unwrap().incarnation, second);
+        match reclaim(&store, &taken, &held_taken, &second).await {
+            Err(RenewError::Fenced(detail)) => assert!(detail.contains("epoch 2"), "{detail}"),
+            other => panic!("the taken volume was re-claimed: {other:?}"),
+        }
+        // B sees A alive again: a lease under A's new incarnation is live.
+        let (lease, _) = read_lease(&store, &kept).await.unwrap().unwrap();
+        assert!(matches!(
+            standing(&store, &lease).await.unwrap(),
+            Standing::Live { .. }
+        ));
+    }
+
+    /// A renewal that lands before the taker's declaration makes the
+    /// declaration fail (both are If-Match on the same version).
+    #[tokio::test]
+    async fn a_renewal_and_a_declaration_cannot_both_win() {
+        let store = Store::in_memory();
+        let da = tempfile::tempdir().unwrap();
+        let a = HostLiveness::start(store.clone(), da.path(), 60_000, None)
+            .await
+            .unwrap();
+        let (record, version) = read_host_record(&store, &a.id).await.unwrap().unwrap();
+        a.renew().await.unwrap();
+        assert!(!declare_expired(&store, &record, &version, "taker")
+            .await
+            .unwrap());
+        let first = a.incarnation();
+        a.renew().await.unwrap();
+        assert_eq!(a.incarnation(), first, "no new incarnation");
+        assert_eq!(a.stats().incarnations, 0);
     }
 }

@@ -150,6 +150,12 @@ pub(crate) async fn acquire(
     volume: &str,
 ) -> Result<HeldLease, VolumeError> {
     let path = names.lease();
+    let incarnation = host.incarnation();
+    if incarnation.is_empty() {
+        return Err(VolumeError::Busy(format!(
+            "volume {volume:?}: this host is writing a new liveness record (another host found it silent past its TTL); try again in a moment"
+        )));
+    }
     let lease = Lease {
         holder: host.holder.clone(),
         pid: std::process::id(),
@@ -160,7 +166,7 @@ pub(crate) async fn acquire(
         released: false,
         host: Some(LeaseHost {
             id: host.id.clone(),
-            incarnation: host.incarnation(),
+            incarnation,
         }),
     };
     for _ in 0..MAX_ACQUIRE_ATTEMPTS {

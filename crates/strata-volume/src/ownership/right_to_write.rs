@@ -82,7 +82,8 @@ impl Ownership {
         &self.host
     }
 
-    /// Whether writes may be acknowledged now.
+    /// Whether writes may be acknowledged now (an empty incarnation, while
+    /// the host writes a new one, never equals a claimed one).
     pub fn is_valid(&self) -> bool {
         self.host.is_valid() && *self.claimed.lock() == self.host.incarnation()
     }
@@ -138,7 +139,9 @@ impl Ownership {
             return Ok(());
         }
         let incarnation = self.host.incarnation();
-        if *self.claimed.lock() == incarnation {
+        if incarnation.is_empty() || *self.claimed.lock() == incarnation {
+            // Empty: the host's new record is not written yet; the
+            // re-claim comes when it is (`HostLiveness::publish_incarnation`).
             return Ok(());
         }
         match reclaim(store, names, &held, &incarnation).await {
