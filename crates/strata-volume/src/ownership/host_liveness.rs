@@ -551,7 +551,7 @@ mod tests {
 
         // A's renewal fails its If-Match, reads "expired": a new
         // incarnation, published once its record is stored.
-        let mut watch = a.watch_incarnation();
+        let watch = a.watch_incarnation();
         a.renew().await.unwrap();
         let second = a.incarnation();
         assert!(!second.is_empty() && second != first, "{first} -> {second}");
