@@ -58,10 +58,9 @@ pub use crash_point::{
     GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS, STAGED_CRASH_POINTS,
 };
 pub use engine::diffs::DiffSummary;
+pub use engine::handover::{HandoverOutcome, HandoverReport};
 pub use engine::images::{ImageSink, ImageSummary};
-pub use engine::{
-    Engine, EngineStats, HandoverOutcome, HandoverReport, VolumeInfo, MAX_VOLUME_BYTES,
-};
+pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::access_profile::{AccessProfile, ProfileRange};
 pub use format::frame::Compression;

@@ -171,25 +171,6 @@ async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {
 }
 
 async fn answer(engine: &Engine, req: Request) -> Reply {
-    if let Request::Handover { volume } = &req {
-        return match engine.hand_over(volume).await {
-            Ok(report) if report.was_open => match serde_json::to_value(report) {
-                Ok(v) => Reply::Ok(v),
-                Err(e) => Reply::Error {
-                    error: e.to_string(),
-                    not_served: false,
-                },
-            },
-            Ok(_) => Reply::Error {
-                error: format!("this server does not have volume {volume:?} open"),
-                not_served: true,
-            },
-            Err(e) => Reply::Error {
-                error: strata_store::error_text(&e),
-                not_served: false,
-            },
-        };
-    }
     let volume = match &req {
         Request::Gc { volume, .. }
         | Request::Stats { volume }
@@ -255,8 +236,11 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
                 .map_err(anyhow::Error::from),
             Err(e) => Err(anyhow::Error::from(e)),
         },
-        // Answered above, before the volume is looked up.
-        Request::Handover { .. } => Err(anyhow::anyhow!("handover answered elsewhere")),
+        Request::Handover { .. } => engine
+            .hand_over(&volume)
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| Ok(serde_json::to_value(r)?)),
         Request::SnapshotDelete { snapshot, .. } => {
             let deleted = engine.delete_snapshot(&volume, &snapshot).await;
             deleted

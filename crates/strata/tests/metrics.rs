@@ -35,7 +35,7 @@ fn metrics_parse_and_follow_fio_request_for_request() {
     let tmp = tempfile::TempDir::new().unwrap();
     let target = Target::strata_with(&["--metrics-listen", "127.0.0.1:0"]);
     let mut server = Server::start(tmp.path(), target, &[("vol", GIB)]);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     check_other_requests(&addr);
     let before = wait_for_volume(&addr, tmp.path());
     assert_eq!(
@@ -461,17 +461,6 @@ print(json.dumps(out))
         family,
         samples,
     }
-}
-
-/// The address printed as `metrics http://ADDR/metrics` before `ready`.
-fn metrics_addr(server: &Server) -> String {
-    server
-        .banner
-        .iter()
-        .find_map(|l| l.strip_prefix("metrics http://"))
-        .and_then(|rest| rest.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("no metrics line in {:?}", server.banner))
-        .to_string()
 }
 
 /// One HTTP/1.1 request; the server closes the connection after its

@@ -33,7 +33,7 @@
 
 mod common;
 
-use common::clients::{qemu_io, qemu_io_verify};
+use common::clients::{pattern_reads, qemu_io_verify, write_patterns};
 use common::*;
 use std::path::Path;
 use std::process::Command;
@@ -41,29 +41,6 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const VOL: u64 = 64 * MIB;
-
-fn write_patterns(uri: &str, ws: &[(u8, u64, u64)], flush: bool) {
-    let mut cmds: Vec<String> = ws
-        .iter()
-        .map(|&(p, off, len)| format!("write -P 0x{p:02x} {off} {len}"))
-        .collect();
-    if flush {
-        cmds.push("flush".to_string());
-    }
-    let out = qemu_io(uri, &cmds);
-    assert!(
-        out.status.success() && !stdout_str(&out).contains("failed"),
-        "writing through {uri}: {}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-}
-
-fn reads(ws: &[(u8, u64, u64)]) -> Vec<String> {
-    ws.iter()
-        .map(|&(p, off, len)| format!("read -P 0x{p:02x} {off} {len}"))
-        .collect()
-}
 
 fn now_unix_ms() -> u64 {
     SystemTime::now()
@@ -75,17 +52,6 @@ fn now_unix_ms() -> u64 {
 // ---------------------------------------------------------------------------
 // /metrics
 // ---------------------------------------------------------------------------
-
-/// `IP:PORT` of a server started with `--metrics-listen 127.0.0.1:0`.
-fn metrics_addr(server: &Server) -> String {
-    server
-        .banner
-        .iter()
-        .find_map(|l| l.strip_prefix("metrics http://"))
-        .and_then(|rest| rest.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("no metrics line in {:?}", server.banner))
-        .to_string()
-}
 
 /// One scrape of `/metrics` (the classic text format).
 fn scrape(addr: &str) -> String {
@@ -157,7 +123,7 @@ fn idle_volumes_send_no_store_requests() {
     let target = Target::strata_s3(&store, &args);
     let volumes: Vec<(&str, u64)> = names.iter().map(|n| (n.as_str(), VOL)).collect();
     let mut server = Server::start(tmp.path(), target, &volumes);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
 
     for (i, n) in names.iter().enumerate() {
         let p = 0x30 + i as u8;
@@ -352,7 +318,7 @@ fn assert_holder_refuses_new_clients(a: &Server) {
 fn assert_moved(a: &mut Server, b: &Server) {
     qemu_io_verify(
         &b.vol_uri(),
-        &reads(&EXPECTED),
+        &pattern_reads(&EXPECTED),
         "through B after the handover",
     );
     let b_data = std::fs::canonicalize(b.data_dir()).unwrap();
@@ -654,7 +620,7 @@ fn a_lease_of_the_previous_release_is_respected_then_taken() {
     server.start_again();
     qemu_io_verify(
         &server.vol_uri(),
-        &reads(&ws),
+        &pattern_reads(&ws),
         "after taking the volume from an expired version 1 lease",
     );
     let data = std::fs::canonicalize(server.data_dir()).unwrap();

@@ -15,36 +15,13 @@
 
 mod common;
 
-use common::clients::{qemu_io, qemu_io_verify};
+use common::clients::{pattern_reads, qemu_io, qemu_io_verify, write_patterns};
 use common::*;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 const VOL: u64 = 64 * MIB;
-
-fn write_patterns(uri: &str, ws: &[(u8, u64, u64)], flush: bool) {
-    let mut cmds: Vec<String> = ws
-        .iter()
-        .map(|&(p, off, len)| format!("write -P 0x{p:02x} {off} {len}"))
-        .collect();
-    if flush {
-        cmds.push("flush".to_string());
-    }
-    let out = qemu_io(uri, &cmds);
-    assert!(
-        out.status.success(),
-        "writing through {uri}: {}{}",
-        stdout_str(&out),
-        stderr_str(&out)
-    );
-}
-
-fn reads(ws: &[(u8, u64, u64)]) -> Vec<String> {
-    ws.iter()
-        .map(|&(p, off, len)| format!("read -P 0x{p:02x} {off} {len}"))
-        .collect()
-}
 
 #[test]
 fn s3_second_server_is_refused_until_the_first_stops_cleanly() {
@@ -85,7 +62,11 @@ fn s3_second_server_is_refused_until_the_first_stops_cleanly() {
         a.pid()
     );
     a.assert_alive();
-    qemu_io_verify(&a.vol_uri(), &reads(&ws), "through the first server");
+    qemu_io_verify(
+        &a.vol_uri(),
+        &pattern_reads(&ws),
+        "through the first server",
+    );
     // `volume info` tells an operator who holds it.
     let info = stdout_str(&a.cli(&["volume", "info", "vol", "--json"]));
     let info: serde_json::Value = serde_json::from_str(&info).unwrap();
@@ -108,7 +89,11 @@ fn s3_second_server_is_refused_until_the_first_stops_cleanly() {
         "the second server needed {took:.1?} to open a volume released by a clean stop \
          (the lease TTL is 30 s)"
     );
-    qemu_io_verify(&b.vol_uri(), &reads(&ws), "through the second server");
+    qemu_io_verify(
+        &b.vol_uri(),
+        &pattern_reads(&ws),
+        "through the second server",
+    );
     b.stop();
     let info = stdout_str(&b.cli(&["volume", "info", "vol", "--json"]));
     let info: serde_json::Value = serde_json::from_str(&info).unwrap();
@@ -216,7 +201,7 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
     // never uploaded, and B recovers from the store only).
     qemu_io_verify(
         &b_uri,
-        &reads(&a_flushed[1..]),
+        &pattern_reads(&a_flushed[1..]),
         "A's flushed data through B",
     );
     let b_writes = [
@@ -229,7 +214,7 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
     expect.push((0x41, 4096, MIB - 4096));
     expect.push(a_flushed[1]);
     expect.push((0x00, 60 * MIB, 65536)); // the late client's target
-    qemu_io_verify(&b_uri, &reads(&expect), "B's data through B");
+    qemu_io_verify(&b_uri, &pattern_reads(&expect), "B's data through B");
 
     // A wakes up and must find out it was taken over.
     a.signal(libc::SIGCONT);
@@ -309,7 +294,11 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
 
     // B's data is intact: through B, and from the store alone; the
     // snapshot is still there and the volume's size unchanged.
-    qemu_io_verify(&b_uri, &reads(&expect), "through B after A was fenced");
+    qemu_io_verify(
+        &b_uri,
+        &pattern_reads(&expect),
+        "through B after A was fenced",
+    );
     let out = b.cli(&["snapshot", "list", "vol", "--json"]);
     let listed = stdout_str(&out);
     assert!(
@@ -322,7 +311,7 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
     let mut c = Server::start(&tmp.path().join("c"), target.clone(), &[("vol", VOL)]);
     qemu_io_verify(
         &c.vol_uri(),
-        &reads(&expect),
+        &pattern_reads(&expect),
         "on a third host after B stopped",
     );
     c.stop();
@@ -334,7 +323,7 @@ fn s3_frozen_server_is_fenced_after_a_takeover() {
         Ok(()) => {
             qemu_io_verify(
                 &a_uri,
-                &reads(&expect),
+                &pattern_reads(&expect),
                 "through A restarted on its data dir",
             );
             a.stop();

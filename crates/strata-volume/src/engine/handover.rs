@@ -78,9 +78,13 @@ impl Engine {
         self.handed_over
             .lock()
             .insert(name.to_string(), Instant::now());
-        let before = vol.stats().bytes_uploaded;
+        let uploaded = || {
+            vol.bytes_uploaded
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let before = uploaded();
         let closed = vol.close().await;
-        let bytes_uploaded = vol.stats().bytes_uploaded.saturating_sub(before);
+        let bytes_uploaded = uploaded().saturating_sub(before);
         self.open.lock().remove(name);
         closed?;
         tracing::info!(volume = %name, bytes_uploaded, elapsed_ms = started.elapsed().as_millis() as u64, "volume handed over on request");
@@ -148,18 +152,18 @@ impl Engine {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         let started = Instant::now();
         let names = ObjectNames::new(name);
-        let nobody = |via| HandoverOutcome {
+        let nobody = || HandoverOutcome {
             volume: name.to_string(),
             holder: None,
-            via,
+            via: "none",
             report: None,
             elapsed_ms: 0,
         };
         let Some((lease, _)) = read_lease(&self.store, &names).await? else {
-            return Ok(nobody("none"));
+            return Ok(nobody());
         };
         let record = match standing(&self.store, &lease).await? {
-            Standing::Free => return Ok(nobody("none")),
+            Standing::Free => return Ok(nobody()),
             Standing::HostExpired(r, _) => {
                 return Err(VolumeError::Busy(format!(
                     "volume {name:?} is held by {}, whose host stopped renewing its liveness {} s ago: it cannot answer; the next server to open the volume takes it over",

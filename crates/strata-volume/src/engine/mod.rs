@@ -7,9 +7,8 @@
 mod clones;
 pub(crate) mod diffs;
 mod fsck;
-mod handover;
+pub(crate) mod handover;
 pub(crate) mod images;
-pub use handover::{HandoverOutcome, HandoverReport};
 mod snapshots;
 
 use std::collections::HashMap;
@@ -133,9 +132,10 @@ pub struct Engine {
     /// This host's liveness, started at the first volume this engine takes
     /// (`ownership/host_liveness.rs`); every lease it holds names it.
     /// Replaced when an admin command's engine stopped it and needs it again.
-    host: tokio::sync::Mutex<Option<Arc<HostLiveness>>>,
-    /// The same, readable without the lock (metrics).
-    host_now: parking_lot::Mutex<Option<Arc<HostLiveness>>>,
+    host: parking_lot::Mutex<Option<Arc<HostLiveness>>>,
+    /// Held while the host is started or stopped (both write the store),
+    /// so two opens start one host.
+    host_change: tokio::sync::Mutex<()>,
     /// Opens (and deletions) under way: the host must not stop under them.
     host_users: std::sync::atomic::AtomicUsize,
     /// Volumes this engine handed over on request, and when: it does not
@@ -161,8 +161,8 @@ impl Engine {
             config: Arc::new(config),
             open: parking_lot::Mutex::new(HashMap::new()),
             snapshot_views: parking_lot::Mutex::new(HashMap::new()),
-            host: tokio::sync::Mutex::new(None),
-            host_now: parking_lot::Mutex::new(None),
+            host: parking_lot::Mutex::new(None),
+            host_change: tokio::sync::Mutex::new(()),
             host_users: std::sync::atomic::AtomicUsize::new(0),
             handed_over: parking_lot::Mutex::new(HashMap::new()),
             serving: std::sync::atomic::AtomicBool::new(false),
@@ -660,8 +660,8 @@ impl Engine {
     /// This host's liveness, started on first use (`HostLiveness::start`),
     /// and again if an admin command's engine stopped it meanwhile.
     pub(crate) async fn host(&self) -> Result<Arc<HostLiveness>, VolumeError> {
-        let mut host = self.host.lock().await;
-        if let Some(h) = host.as_ref().filter(|h| !h.is_stopped()) {
+        let _change = self.host_change.lock().await;
+        if let Some(h) = self.host.lock().as_ref().filter(|h| !h.is_stopped()) {
             return Ok(h.clone());
         }
         let socket = self
@@ -676,8 +676,7 @@ impl Engine {
             socket,
         )
         .await?;
-        *host = Some(started.clone());
-        *self.host_now.lock() = Some(started.clone());
+        *self.host.lock() = Some(started.clone());
         Ok(started)
     }
 
@@ -696,12 +695,13 @@ impl Engine {
         if self.serving.load(Ordering::Acquire) {
             return;
         }
-        let mut host = self.host.lock().await;
+        let _change = self.host_change.lock().await;
         let any_open = self.open.lock().values().any(|c| c.initialized());
         if any_open || self.host_users.load(Ordering::Acquire) > 0 {
             return;
         }
-        if let Some(h) = host.take() {
+        let host = self.host.lock().take();
+        if let Some(h) = host {
             h.stop().await;
         }
     }
@@ -709,7 +709,7 @@ impl Engine {
     /// What this host's liveness looks like (`None`: not started: this
     /// engine holds no volume yet).
     pub fn host_stats(&self) -> Option<crate::ownership::HostStats> {
-        self.host_now.lock().as_ref().map(|h| h.stats())
+        self.host.lock().as_ref().map(|h| h.stats())
     }
 
     /// Counters of the store, the shared caches and every open volume.
@@ -743,7 +743,8 @@ impl Engine {
         let volumes: Vec<Arc<Volume>> = cells.iter().filter_map(|c| c.get().cloned()).collect();
         let results = futures::future::join_all(volumes.iter().map(|v| v.close())).await;
         // Every lease is released: the host record says this host stopped.
-        if let Some(host) = self.host.lock().await.take() {
+        let host = self.host.lock().take();
+        if let Some(host) = host {
             host.stop().await;
         }
         // The disk cache's queue (at most 64 MiB of page-cache writes) is

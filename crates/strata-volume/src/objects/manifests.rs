@@ -3,7 +3,7 @@
 use object_store::UpdateVersion;
 use strata_store::{ObjectNames, Store};
 
-use super::store_error::store_error;
+use super::store_error::read_versioned;
 use crate::error::VolumeError;
 use crate::format::manifest::Manifest;
 
@@ -19,17 +19,9 @@ pub(crate) async fn read_manifest_versioned(
     name: &str,
 ) -> Result<(Manifest, UpdateVersion), VolumeError> {
     let path = ObjectNames::new(name).manifest();
-    let Some((bytes, version)) = store
-        .get_versioned(&path)
-        .await
-        .map_err(store_error(store, "read", &path))?
-    else {
+    let Some((m, version)) = read_versioned(store, &path, Manifest::decode, "").await? else {
         return Err(VolumeError::NotFound(name.to_string()));
     };
-    let m = Manifest::decode(&bytes).map_err(|detail| VolumeError::Corrupt {
-        path: path.to_string(),
-        detail,
-    })?;
     if m.name != name {
         return Err(VolumeError::Corrupt {
             path: path.to_string(),

@@ -26,4 +26,4 @@ pub(crate) use other_prefix::store_for_prefix;
 pub(crate) use profiles::read_profile;
 pub(crate) use segments::{fetch_fixed_header, fetch_segment_header, list_segments};
 pub(crate) use snapshot_deltas::read_snapshot_delta;
-pub(crate) use store_error::{is_not_found, store_error};
+pub(crate) use store_error::{is_condition_refused, is_not_found, read_versioned, store_error};

@@ -35,7 +35,7 @@ use super::local_lock::{host_identity, lock_locally, LocalLock};
 use crate::clock::now_ms;
 use crate::error::VolumeError;
 use crate::format::host_record::{HandoverRequest, HostRecord, HostState};
-use crate::objects::store_error;
+use crate::objects::{is_condition_refused, read_versioned, store_error};
 
 /// Writes of our record retried at once after a conflict we understood.
 const MAX_CONFLICT_RETRIES: u32 = 4;
@@ -90,33 +90,19 @@ fn incarnation_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-fn is_conflict(e: &object_store::Error) -> bool {
-    matches!(
-        e,
-        object_store::Error::AlreadyExists { .. }
-            | object_store::Error::Precondition { .. }
-            | object_store::Error::NotFound { .. }
-    )
-}
-
 /// Reads host `id`'s record and its version, if any.
 pub async fn read_host_record(
     store: &Store,
     id: &str,
 ) -> Result<Option<(HostRecord, UpdateVersion)>, VolumeError> {
-    let path = ObjectNames::host_record(id);
-    let Some((bytes, version)) = store
-        .get_versioned(&path)
-        .await
-        .map_err(store_error(store, "read", &path))?
-    else {
-        return Ok(None);
-    };
-    let record = HostRecord::decode(&bytes).map_err(|detail| VolumeError::Corrupt {
-        path: path.to_string(),
-        detail: format!("{detail} (if that host's server is stopped, delete this object)"),
-    })?;
-    Ok(Some((record, version)))
+    let hint = "if that host's server is stopped, delete this object";
+    read_versioned(
+        store,
+        &ObjectNames::host_record(id),
+        HostRecord::decode,
+        hint,
+    )
+    .await
 }
 
 /// Declares host `record` expired (If-Match `version`): after this, its
@@ -143,7 +129,7 @@ pub(crate) async fn declare_expired(
             tracing::warn!(host = %record.holder, age_ms = record.age_ms(now_ms()), ttl_ms = record.ttl_ms, "host declared expired: it did not renew its liveness in time, and a volume of it is being taken over");
             Ok(true)
         }
-        Err(e) if is_conflict(&e) => Ok(false),
+        Err(e) if is_condition_refused(&e) => Ok(false),
         Err(e) => Err(store_error(store, "write", &path)(e)),
     }
 }
@@ -185,7 +171,7 @@ pub async fn request_handover_through_store(
             .await
         {
             Ok(_) => return Ok(true),
-            Err(e) if is_conflict(&e) => continue,
+            Err(e) if is_condition_refused(&e) => continue,
             Err(e) => return Err(store_error(store, "write", &path)(e)),
         }
     }
@@ -286,7 +272,7 @@ impl HostLiveness {
                     self.extend(sent_at);
                     return Ok(());
                 }
-                Err(e) if is_conflict(&e) => continue,
+                Err(e) if is_condition_refused(&e) => continue,
                 Err(e) => return Err(store_error(&self.store, "write", &path)(e)),
             }
         }
@@ -346,7 +332,7 @@ impl HostLiveness {
                     self.renewals.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                Err(e) if is_conflict(&e) => {}
+                Err(e) if is_condition_refused(&e) => {}
                 Err(e) => return Err(store_error(&self.store, "write", &path)(e)),
             }
             match read_host_record(&self.store, &self.id).await? {
@@ -509,92 +495,5 @@ impl HostLiveness {
                 tracing::warn!(host = %self.holder, error = %strata_store::ErrorText(&e), "cannot mark this host stopped in the store; its record expires after its TTL")
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ownership::lease::{acquire, read_lease, reclaim, standing, RenewError, Standing};
-
-    /// A host declared expired (as a taker does, with If-Match on the
-    /// record it read) fails its next renewal, starts a new incarnation,
-    /// and re-claims the leases nobody took; the one another host took
-    /// stays lost to it.
-    #[tokio::test]
-    async fn a_host_declared_expired_starts_anew_and_loses_only_what_was_taken() {
-        let store = Store::in_memory();
-        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let a = HostLiveness::start(store.clone(), da.path(), 60_000, None)
-            .await
-            .unwrap();
-        let b = HostLiveness::start(store.clone(), db.path(), 60_000, None)
-            .await
-            .unwrap();
-        let (kept, taken) = (ObjectNames::new("kept"), ObjectNames::new("taken"));
-        let held_kept = acquire(&store, &kept, &a, 1, "kept").await.unwrap();
-        let held_taken = acquire(&store, &taken, &a, 1, "taken").await.unwrap();
-        let first = a.incarnation();
-
-        // B finds A silent (as if past its TTL) and declares it expired,
-        // then takes one volume: the lease is free once A is expired.
-        let (record, version) = read_host_record(&store, &a.id).await.unwrap().unwrap();
-        assert!(declare_expired(&store, &record, &version, &b.holder)
-            .await
-            .unwrap());
-        let (lease, _) = read_lease(&store, &taken).await.unwrap().unwrap();
-        assert!(matches!(
-            standing(&store, &lease).await.unwrap(),
-            Standing::Free
-        ));
-        acquire(&store, &taken, &b, 2, "taken").await.unwrap();
-
-        // A's renewal fails its If-Match, reads "expired": a new
-        // incarnation, published once its record is stored.
-        let watch = a.watch_incarnation();
-        a.renew().await.unwrap();
-        let second = a.incarnation();
-        assert!(!second.is_empty() && second != first, "{first} -> {second}");
-        assert!(watch.has_changed().unwrap());
-        let (stored, _) = read_host_record(&store, &a.id).await.unwrap().unwrap();
-        assert_eq!(
-            (stored.state, stored.incarnation.as_str()),
-            (HostState::Alive, second.as_str())
-        );
-        assert_eq!(a.stats().incarnations, 1);
-
-        // The lease nobody took is re-claimed; the taken one is lost.
-        let kept_again = reclaim(&store, &kept, &held_kept, &second).await.unwrap();
-        assert_eq!(kept_again.lease.host.unwrap().incarnation, second);
-        match reclaim(&store, &taken, &held_taken, &second).await {
-            Err(RenewError::Fenced(detail)) => assert!(detail.contains("epoch 2"), "{detail}"),
-            other => panic!("the taken volume was re-claimed: {other:?}"),
-        }
-        // B sees A alive again: a lease under A's new incarnation is live.
-        let (lease, _) = read_lease(&store, &kept).await.unwrap().unwrap();
-        assert!(matches!(
-            standing(&store, &lease).await.unwrap(),
-            Standing::Live { .. }
-        ));
-    }
-
-    /// A renewal that lands before the taker's declaration makes the
-    /// declaration fail (both are If-Match on the same version).
-    #[tokio::test]
-    async fn a_renewal_and_a_declaration_cannot_both_win() {
-        let store = Store::in_memory();
-        let da = tempfile::tempdir().unwrap();
-        let a = HostLiveness::start(store.clone(), da.path(), 60_000, None)
-            .await
-            .unwrap();
-        let (record, version) = read_host_record(&store, &a.id).await.unwrap().unwrap();
-        a.renew().await.unwrap();
-        assert!(!declare_expired(&store, &record, &version, "taker")
-            .await
-            .unwrap());
-        let first = a.incarnation();
-        a.renew().await.unwrap();
-        assert_eq!(a.incarnation(), first, "no new incarnation");
-        assert_eq!(a.stats().incarnations, 0);
     }
 }

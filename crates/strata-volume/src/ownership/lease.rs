@@ -17,7 +17,7 @@ use crate::error::VolumeError;
 use crate::format::host_record::{HostRecord, HostState};
 pub use crate::format::lease::Lease;
 use crate::format::lease::LeaseHost;
-use crate::objects::store_error;
+use crate::objects::{is_condition_refused, read_versioned, store_error};
 
 /// Attempts to take a lease that keeps changing under us.
 const MAX_ACQUIRE_ATTEMPTS: u32 = 4;
@@ -27,19 +27,8 @@ pub async fn read_lease(
     store: &Store,
     names: &ObjectNames,
 ) -> Result<Option<(Lease, UpdateVersion)>, VolumeError> {
-    let path = names.lease();
-    let Some((bytes, version)) = store
-        .get_versioned(&path)
-        .await
-        .map_err(store_error(store, "read", &path))?
-    else {
-        return Ok(None);
-    };
-    let lease = Lease::decode(&bytes).map_err(|detail| VolumeError::Corrupt {
-        path: path.to_string(),
-        detail: format!("{detail} (if no server holds the volume, delete this object)"),
-    })?;
-    Ok(Some((lease, version)))
+    let hint = "if no server holds the volume, delete this object";
+    read_versioned(store, &names.lease(), Lease::decode, hint).await
 }
 
 /// What a lease found in the store stands for.
@@ -66,18 +55,13 @@ pub async fn standing(store: &Store, lease: &Lease) -> Result<Standing, VolumeEr
     let now = now_ms();
     let Some(host) = &lease.host else {
         // Version 1: an older server renews the lease itself.
-        let age_ms = now.saturating_sub(lease.renewed_unix_ms);
-        if age_ms < lease.ttl_ms {
-            return Ok(Standing::Live {
-                detail: format!(
-                    "{}, lease renewed {} s ago (a server of an older release)",
-                    lease.describe(),
-                    age_ms / 1000
-                ),
-                host: None,
-            });
-        }
-        return Ok(Standing::Free);
+        let Some(holder) = lease.live_holder(now) else {
+            return Ok(Standing::Free);
+        };
+        let age_s = now.saturating_sub(lease.renewed_unix_ms) / 1000;
+        let detail =
+            format!("{holder}, lease renewed {age_s} s ago (a server of an older release)");
+        return Ok(Standing::Live { detail, host: None });
     };
     let Some((record, version)) = read_host_record(store, &host.id).await? else {
         return Ok(Standing::Free);
@@ -128,15 +112,6 @@ pub(crate) struct HeldLease {
     pub version: UpdateVersion,
     /// Who held the lease this one replaced (None: there was none).
     pub previous_holder: Option<String>,
-}
-
-fn is_conflict(e: &object_store::Error) -> bool {
-    matches!(
-        e,
-        object_store::Error::AlreadyExists { .. }
-            | object_store::Error::Precondition { .. }
-            | object_store::Error::NotFound { .. }
-    )
 }
 
 /// Takes the lease for `epoch` through `host`, or says who holds it. A
@@ -203,7 +178,7 @@ pub(crate) async fn acquire(
                     previous_holder,
                 })
             }
-            Err(e) if is_conflict(&e) => {
+            Err(e) if is_condition_refused(&e) => {
                 // Someone raced us, or a retry of our own write found it
                 // already done: the token tells.
                 if let Some((l, version)) = read_lease(store, names).await? {
@@ -259,7 +234,7 @@ pub(crate) async fn reclaim(
             version,
             previous_holder: held.previous_holder.clone(),
         }),
-        Err(e) if is_conflict(&e) => match read_lease(store, names).await {
+        Err(e) if is_condition_refused(&e) => match read_lease(store, names).await {
             Ok(Some((l, version))) if l.token == held.lease.token && l.host == lease.host => {
                 Ok(HeldLease {
                     lease: l,
@@ -297,7 +272,7 @@ pub(crate) async fn release(
         .await
     {
         Ok(_) => Ok(()),
-        Err(e) if is_conflict(&e) => {
+        Err(e) if is_condition_refused(&e) => {
             tracing::warn!(object = %path, "lease was no longer ours at close; left as it is");
             Ok(())
         }
@@ -394,5 +369,86 @@ mod tests {
     async fn conditional_lease_protocol_on_a_directory() {
         let dir = tempfile::tempdir().unwrap();
         lease_protocol_on(Store::local(dir.path()).unwrap()).await;
+    }
+
+    /// A host declared expired (as a taker does, with If-Match on the
+    /// record it read) fails its next renewal, starts a new incarnation,
+    /// and re-claims the leases nobody took; the one another host took
+    /// stays lost to it.
+    #[tokio::test]
+    async fn a_host_declared_expired_starts_anew_and_loses_only_what_was_taken() {
+        let store = Store::in_memory();
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = HostLiveness::start(store.clone(), da.path(), 60_000, None)
+            .await
+            .unwrap();
+        let b = HostLiveness::start(store.clone(), db.path(), 60_000, None)
+            .await
+            .unwrap();
+        let (kept, taken) = (ObjectNames::new("kept"), ObjectNames::new("taken"));
+        let held_kept = acquire(&store, &kept, &a, 1, "kept").await.unwrap();
+        let held_taken = acquire(&store, &taken, &a, 1, "taken").await.unwrap();
+        let first = a.incarnation();
+
+        // B finds A silent (as if past its TTL) and declares it expired,
+        // then takes one volume: the lease is free once A is expired.
+        let (record, version) = read_host_record(&store, &a.id).await.unwrap().unwrap();
+        assert!(declare_expired(&store, &record, &version, &b.holder)
+            .await
+            .unwrap());
+        let (lease, _) = read_lease(&store, &taken).await.unwrap().unwrap();
+        assert!(matches!(
+            standing(&store, &lease).await.unwrap(),
+            Standing::Free
+        ));
+        acquire(&store, &taken, &b, 2, "taken").await.unwrap();
+
+        // A's renewal fails its If-Match, reads "expired": a new
+        // incarnation, published once its record is stored.
+        let watch = a.watch_incarnation();
+        a.renew().await.unwrap();
+        let second = a.incarnation();
+        assert!(!second.is_empty() && second != first, "{first} -> {second}");
+        assert!(watch.has_changed().unwrap());
+        let (stored, _) = read_host_record(&store, &a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.state, stored.incarnation.as_str()),
+            (HostState::Alive, second.as_str())
+        );
+        assert_eq!(a.stats().incarnations, 1);
+
+        // The lease nobody took is re-claimed; the taken one is lost.
+        let kept_again = reclaim(&store, &kept, &held_kept, &second).await.unwrap();
+        assert_eq!(kept_again.lease.host.unwrap().incarnation, second);
+        match reclaim(&store, &taken, &held_taken, &second).await {
+            Err(RenewError::Fenced(detail)) => assert!(detail.contains("epoch 2"), "{detail}"),
+            other => panic!("the taken volume was re-claimed: {other:?}"),
+        }
+        // B sees A alive again: a lease under A's new incarnation is live.
+        let (lease, _) = read_lease(&store, &kept).await.unwrap().unwrap();
+        assert!(matches!(
+            standing(&store, &lease).await.unwrap(),
+            Standing::Live { .. }
+        ));
+    }
+
+    /// A renewal that lands before the taker's declaration makes the
+    /// declaration fail (both are If-Match on the same version).
+    #[tokio::test]
+    async fn a_renewal_and_a_declaration_cannot_both_win() {
+        let store = Store::in_memory();
+        let da = tempfile::tempdir().unwrap();
+        let a = HostLiveness::start(store.clone(), da.path(), 60_000, None)
+            .await
+            .unwrap();
+        let (record, version) = read_host_record(&store, &a.id).await.unwrap().unwrap();
+        a.renew().await.unwrap();
+        assert!(!declare_expired(&store, &record, &version, "taker")
+            .await
+            .unwrap());
+        let first = a.incarnation();
+        a.renew().await.unwrap();
+        assert_eq!(a.incarnation(), first, "no new incarnation");
+        assert_eq!(a.stats().incarnations, 0);
     }
 }

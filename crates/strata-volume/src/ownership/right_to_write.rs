@@ -34,7 +34,6 @@ pub(crate) struct Ownership {
     /// opened the volume since this one last did (recovery may then trust
     /// a journal of ours that the store has no segment of yet).
     pub last_opened_here: bool,
-    pub ttl_ms: u64,
     host: Arc<HostLiveness>,
     local_lock: parking_lot::Mutex<Option<LocalLock>>,
     held: tokio::sync::Mutex<HeldLease>,
@@ -64,7 +63,6 @@ impl Ownership {
             last_opened_here: held.previous_holder.as_deref() == Some(host.holder.as_str()),
             holder: host.holder.clone(),
             epoch: held.lease.epoch,
-            ttl_ms: host.ttl_ms,
             host,
             local_lock: parking_lot::Mutex::new(Some(lock)),
             held: tokio::sync::Mutex::new(held),
@@ -116,11 +114,11 @@ impl Ownership {
             if self.is_valid() {
                 return Ok(());
             }
-            // Validity also ends by time alone: look again now and then.
+            // Validity comes back only by a renewal or a re-claim, and
+            // each notifies (ending by time alone is no reason to wake).
             tokio::select! {
                 () = own => {}
                 () = host => {}
-                () = tokio::time::sleep(std::time::Duration::from_millis(1000)) => {}
             }
         }
     }
@@ -173,7 +171,7 @@ impl Ownership {
         LeaseStats {
             state,
             epoch: self.epoch,
-            ttl_ms: self.ttl_ms,
+            ttl_ms: self.host.ttl_ms,
             valid_for_ms: if state == LeaseState::Valid {
                 self.host.valid_for_ms()
             } else {

@@ -77,6 +77,32 @@ pub fn qemu_io(uri: &str, cmds: &[String]) -> Output {
     qemu_io_opts(uri, &[], cmds)
 }
 
+/// Writes each (pattern, offset, length) through qemu-io, then a FLUSH if
+/// `flush`; every write must succeed.
+pub fn write_patterns(uri: &str, ws: &[(u8, u64, u64)], flush: bool) {
+    let mut cmds: Vec<String> = ws
+        .iter()
+        .map(|&(p, off, len)| format!("write -P 0x{p:02x} {off} {len}"))
+        .collect();
+    if flush {
+        cmds.push("flush".to_string());
+    }
+    let out = qemu_io(uri, &cmds);
+    assert!(
+        out.status.success() && !stdout_str(&out).contains("failed"),
+        "writing through {uri}: {}{}",
+        stdout_str(&out),
+        stderr_str(&out)
+    );
+}
+
+/// The qemu-io commands that read back what `write_patterns` wrote.
+pub fn pattern_reads(ws: &[(u8, u64, u64)]) -> Vec<String> {
+    ws.iter()
+        .map(|&(p, off, len)| format!("read -P 0x{p:02x} {off} {len}"))
+        .collect()
+}
+
 fn qemu_io_opts(uri: &str, opts: &[&str], cmds: &[String]) -> Output {
     let mut c = Command::new("qemu-io");
     c.args(["-f", "raw"]).args(opts).arg(uri);

@@ -595,6 +595,17 @@ pub struct Server {
 }
 
 impl Server {
+    /// The address printed as `metrics http://ADDR/metrics` before `ready`
+    /// (a server started with `--metrics-listen`).
+    pub fn metrics_addr(&self) -> String {
+        self.banner
+            .iter()
+            .find_map(|l| l.strip_prefix("metrics http://"))
+            .and_then(|rest| rest.strip_suffix("/metrics"))
+            .unwrap_or_else(|| panic!("no metrics line in {:?}", self.banner))
+            .to_string()
+    }
+
     /// Starts a server in `dir` (store, data dir and socket live there) and
     /// waits until it is ready. For strata the volumes are created with
     /// `--create NAME=SIZE`; for nbdkit the first volume's size is used.
