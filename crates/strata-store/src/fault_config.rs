@@ -2,13 +2,15 @@
 //!
 //! This module owns [`FaultConfig`], the configuration of the fault
 //! injecting store (failure and lost-reply rates, added latency and jitter,
-//! a call to fail, a seed, conditional writes to ignore), its `key=value,...` syntax as read from the
+//! a call to fail, a seed, conditional writes to ignore, a partition
+//! switched by a file), its `key=value,...` syntax as read from the
 //! `STRATA_FAULTS` variable ([`FaultConfig::parse`], [`FAULT_KEYS`]) and the
 //! errors that syntax can produce ([`FaultConfigError`]). How a
 //! configuration is applied to calls is the business of
 //! `FaultInjectingObjectStore`.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 /// What to inject. The default injects nothing.
@@ -38,6 +40,11 @@ pub struct FaultConfig {
     /// Turn PUTs conditional on a version (`PutMode::Update`, If-Match)
     /// into plain overwrites, as a store that ignores the header does.
     pub ignore_if_match: bool,
+    /// While this file exists, every call fails before reaching the store,
+    /// as if the network to it were cut: a test partitions one server from
+    /// the store (and not another) by creating the file, and heals it by
+    /// removing it. Checked at each call (one `stat`).
+    pub partition_file: Option<PathBuf>,
 }
 
 /// Why a fault string was refused. Every message names the offending key.
@@ -58,7 +65,7 @@ pub enum FaultConfigError {
 }
 
 /// The keys [`FaultConfig::parse`] accepts.
-pub const FAULT_KEYS: [&str; 11] = [
+pub const FAULT_KEYS: [&str; 12] = [
     "error_rate",
     "latency_ms",
     "jitter_ms",
@@ -70,6 +77,7 @@ pub const FAULT_KEYS: [&str; 11] = [
     "ignore_if_none_match",
     "ignore_if_match",
     "ignore_conditions",
+    "partition_file",
 ];
 
 impl FaultConfig {
@@ -114,6 +122,12 @@ impl FaultConfig {
             "seed" => self.seed = Some(parse_u64(key, value)?),
             "ignore_if_none_match" => self.ignore_if_none_match = parse_bool(key, value)?,
             "ignore_if_match" => self.ignore_if_match = parse_bool(key, value)?,
+            "partition_file" => {
+                if value.is_empty() || value.contains(',') {
+                    return Err(bad_value(key, value, "expected a file path without commas"));
+                }
+                self.partition_file = Some(PathBuf::from(value));
+            }
             "ignore_conditions" => {
                 let ignore = parse_bool(key, value)?;
                 self.ignore_if_none_match |= ignore;
@@ -159,6 +173,9 @@ impl fmt::Display for FaultConfig {
         }
         if self.ignore_if_match {
             f.write_str(",ignore_if_match=1")?;
+        }
+        if let Some(path) = &self.partition_file {
+            write!(f, ",partition_file={}", path.display())?;
         }
         Ok(())
     }
@@ -240,6 +257,14 @@ mod tests {
             FaultConfig::parse("ignore_conditions=0").unwrap(),
             FaultConfig::default()
         );
+    }
+
+    #[test]
+    fn a_partition_file_parses_and_round_trips() {
+        let config = FaultConfig::parse("partition_file=/tmp/x/cut,seed=1").unwrap();
+        assert_eq!(config.partition_file, Some(PathBuf::from("/tmp/x/cut")));
+        assert_eq!(FaultConfig::parse(&config.to_string()).unwrap(), config);
+        assert!(FaultConfig::parse("partition_file=").is_err());
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //! `lost_reply_rate`: the object changed but the caller was told it failed,
 //! like a reply lost after the server acted.
 //!
+//! While `partition_file` exists every call fails at once with an injected
+//! error, as if the network to the store were cut (checked per call).
+//!
 //! Injected errors are `Error::Generic { store: "fault-injection", .. }`,
 //! which the retry layer treats as transient, as it would a 5xx.
 //!
@@ -179,9 +182,17 @@ impl<T: ObjectStore> FaultInjectingObjectStore<T> {
             .saturating_add(jitter_ms)
             .saturating_add(slow_ms);
         let is_nth = self.config.fail_nth == Some(call_number);
-        let error = (is_nth || self.draw(self.config.error_rate)).then(|| {
+        let partitioned = self
+            .config
+            .partition_file
+            .as_ref()
+            .is_some_and(|p| p.exists());
+        let error = (partitioned || is_nth || self.draw(self.config.error_rate)).then(|| {
             self.stats.injected_errors.fetch_add(1, Ordering::Relaxed);
-            injected_error(format!("{operation} {path} failed (call {call_number})"))
+            let why = if partitioned { " (partitioned)" } else { "" };
+            injected_error(format!(
+                "{operation} {path} failed (call {call_number}){why}"
+            ))
         });
         CallDecision {
             call_number,
@@ -589,5 +600,36 @@ mod tests {
         let results: Vec<_> = store.delete_stream(paths.boxed()).collect().await;
         assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
         assert_eq!(store.stats().calls(), 5, "two listings, three deletes");
+    }
+
+    #[tokio::test]
+    async fn a_partition_fails_every_call_while_its_file_exists() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let cut = dir.path().join("cut");
+        let (store, _, _) = faulty(&format!("partition_file={}", cut.display()));
+        let path = Path::from("obj");
+        store
+            .put(&path, PutPayload::from_static(b"x"))
+            .await
+            .unwrap();
+        std::fs::write(&cut, b"").unwrap();
+        let error = store.get(&path).await.unwrap_err();
+        assert!(
+            is_injected(&error) && error.to_string().contains("partitioned"),
+            "{error}"
+        );
+        let error = store
+            .put(&path, PutPayload::from_static(b"y"))
+            .await
+            .unwrap_err();
+        assert!(is_injected(&error), "{error}");
+        std::fs::remove_file(&cut).unwrap();
+        let got = store.get(&path).await.unwrap().bytes().await.unwrap();
+        assert_eq!(
+            got,
+            Bytes::from_static(b"x"),
+            "the put during the partition reached the store"
+        );
+        assert_eq!(store.stats().snapshot().injected_errors, 2);
     }
 }

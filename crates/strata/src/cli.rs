@@ -58,7 +58,9 @@ pub struct Cli {
     /// Testing only: inject store faults, e.g.
     /// error_rate=0.05,latency_ms=20,jitter_ms=10,fail_nth=7,lost_reply_rate=0.01,seed=1;
     /// ignore_if_none_match=1, ignore_if_match=1 or ignore_conditions=1
-    /// make conditional PUTs plain overwrites (a store that ignores them).
+    /// make conditional PUTs plain overwrites (a store that ignores them);
+    /// partition_file=PATH fails every request while PATH exists (a
+    /// network partition from the store, healed by removing the file).
     #[arg(long, global = true, env = "STRATA_FAULTS", value_name = "SPEC")]
     pub inject_faults: Option<String>,
 

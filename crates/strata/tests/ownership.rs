@@ -27,13 +27,32 @@
 //!     it was, and `volume handover` says to stop that server (it cannot
 //!     answer a request); once its 4 s TTL passed the server opens the
 //!     volume and serves the data written before, holding it with a version
-//!     2 lease, and a clean stop leaves a released version 1 lease an older
-//!     release can read.
+//!     2 lease; it then moves (`volume handover` to another data dir, where
+//!     a server serves it), and a clean stop leaves a released version 1
+//!     lease an older release can read. (This release changed no other
+//!     format of the store: manifests, checkpoints and segments are the
+//!     previous release's.)
+//! (e) Fencing by partition: server A (--durability remote, TTL 2 s) is
+//!     cut off from the store by the fault layer (`partition_file`: every
+//!     request of A fails while the file exists) while a writer keeps 64
+//!     FUA writes in flight to it; B, whose requests reach the store, takes
+//!     the volume over past A's TTL and writes; the partition heals and A
+//!     logs "fenced". A's last acknowledgement came before B's first (the
+//!     writers stamp each with CLOCK_MONOTONIC), and every write either
+//!     acknowledged reads back, through B and through a third server from
+//!     the store alone.
+//! (f) A handover racing writes: the same checks when B's host asks A to
+//!     hand over (control socket) while A's writer has 64 plain writes in
+//!     flight (--durability local: A's acknowledged writes are in its
+//!     journal, which the handover uploads).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use common::clients::{pattern_reads, qemu_io_verify, write_patterns};
+use common::crash_check::{
+    check_region, parse_logs, spawn_race_writer, wait_log, WriterLog, NBLOCKS,
+};
 use common::*;
 use std::path::Path;
 use std::process::Command;
@@ -460,6 +479,194 @@ fn handover_through_the_store_reaches_a_holder_without_its_socket() {
 }
 
 // ---------------------------------------------------------------------------
+// (e), (f) Fencing: a partitioned holder, a handover racing writes
+// ---------------------------------------------------------------------------
+
+/// The acknowledgement times of writer logs: the old holder's last must
+/// come before the new holder's first (one clock: `time.monotonic_ns()`).
+fn assert_no_ack_after_takeover(old: &WriterLog, new: &WriterLog, what: &str) {
+    let (Some(last_old), Some(first_new)) = (old.last_ack_ns, new.first_ack_ns) else {
+        panic!(
+            "{what}: no acknowledgement to compare (old holder {} acks, new holder {})",
+            old.acks, new.acks
+        );
+    };
+    eprintln!(
+        "{what}: old holder {} acks ({} failed), its last {:.1} ms before the new holder's first \
+         of {} acks",
+        old.acks,
+        old.failed,
+        (first_new as f64 - last_old as f64) / 1e6,
+        new.acks
+    );
+    assert!(
+        last_old < first_new,
+        "{what}: the old holder acknowledged a write {:.1} ms after the new holder served its \
+         first",
+        (last_old - first_new) as f64 / 1e6
+    );
+}
+
+/// Every write acknowledged by either holder reads back, through `server`
+/// and then through a third server with an empty data dir (the store
+/// alone).
+fn assert_every_ack_in_the_volume(tmp: &Path, target: &Target, log: &WriterLog, b: &mut Server) {
+    let old_holders = log.acked.values().filter(|g| **g < NEW_HOLDER_GENS).count();
+    assert!(
+        old_holders > 100,
+        "only {old_holders} blocks keep a write the old holder acknowledged: too few to check"
+    );
+    check_region(&b.vol_uri(), tmp, log, "through the new holder");
+    b.stop();
+    let mut c = Server::start(&tmp.join("c"), target.clone(), &[("vol", VOL)]);
+    check_region(
+        &c.vol_uri(),
+        tmp,
+        log,
+        "through a third host, from the store alone",
+    );
+    c.stop();
+}
+
+/// Generations of the new holder's writer start above the old one's.
+const NEW_HOLDER_GENS: u64 = 1 << 40;
+/// The new holder writes over the second half of the old one's blocks
+/// only: the first half keeps what the old holder acknowledged, to check.
+const NEW_HOLDER_BLOCKS: std::ops::Range<u64> = NBLOCKS / 2..NBLOCKS;
+
+#[test]
+fn a_holder_cut_off_from_the_store_is_fenced_without_losing_an_acknowledged_write() {
+    let _serial = serial();
+    let t = Instant::now();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("partition");
+    const TTL_MS: u64 = 2000;
+    // Remote durability: an acknowledged FUA write is in the store, so a
+    // takeover that finds the holder silent keeps it (with local
+    // durability it would stay in the cut-off host's journal).
+    let target = Target::strata_s3(
+        &store,
+        &[
+            "--volume",
+            "vol",
+            "--lease-ttl-ms",
+            "2000",
+            "--durability",
+            "remote",
+        ],
+    );
+    // A's store requests fail while `cut` exists; B's reach the store.
+    let cut = tmp.path().join("cut");
+    let a_target = target.clone().with_args(&[
+        "--inject-faults",
+        &format!("partition_file={}", cut.display()),
+    ]);
+    let mut a = Server::start(&tmp.path().join("a"), a_target, &[("vol", VOL)]);
+    let (mut wa, wa_log) =
+        spawn_race_writer(tmp.path(), &a.vol_uri(), "race-fua", 1, 0, 120, 0..NBLOCKS);
+    wait_log(&mut wa, &wa_log, Duration::from_secs(60), |l| l.acks >= 200);
+
+    // The partition: A can neither renew its liveness nor upload; its
+    // writes in flight wait. Past its TTL B takes the volume over.
+    std::fs::write(&cut, b"").unwrap();
+    let cut_at = Instant::now();
+    thread::sleep(Duration::from_millis(TTL_MS + TTL_MS / 2));
+    let mut b = Server::start(&tmp.path().join("b"), target.clone(), &[("vol", VOL)]);
+    eprintln!(
+        "B took the volume over {:.1?} into A's partition",
+        cut_at.elapsed()
+    );
+    let (mut wb, wb_log) = spawn_race_writer(
+        tmp.path(),
+        &b.vol_uri(),
+        "race-fua",
+        2,
+        NEW_HOLDER_GENS,
+        3,
+        NEW_HOLDER_BLOCKS,
+    );
+    let st = wb.wait(Duration::from_secs(60));
+    assert!(st.success(), "B's writer failed ({st}): {}", wb.stderr());
+
+    // The partition heals: A must find out it lost the volume.
+    std::fs::remove_file(&cut).unwrap();
+    let healed = Instant::now();
+    while !a.stderr().contains("fenced") {
+        a.assert_alive();
+        assert!(
+            healed.elapsed() < Duration::from_secs(20),
+            "A did not log \"fenced\" within 20 s of the partition healing\n{}",
+            a.stderr()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "A logged \"fenced\" {:.1?} after the partition healed",
+        healed.elapsed()
+    );
+    let st = wa.wait(Duration::from_secs(60));
+    let old = parse_logs(std::slice::from_ref(&wa_log));
+    assert!(
+        old.failed > 0 || old.error.is_some(),
+        "A's writer saw no write fail ({st}), yet A lost the volume under it: {:?}",
+        old.error
+    );
+    let new = parse_logs(std::slice::from_ref(&wb_log));
+    assert_no_ack_after_takeover(&old, &new, "partition");
+    let _ = a.stop_status(libc::SIGTERM);
+    let both = parse_logs(&[wa_log, wb_log]);
+    assert_every_ack_in_the_volume(tmp.path(), &target, &both, &mut b);
+    eprintln!("partitioned holder: {:.1?}", t.elapsed());
+}
+
+#[test]
+fn a_handover_racing_writes_keeps_every_acknowledged_write() {
+    let _serial = serial();
+    let t = Instant::now();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("handover-race");
+    // Local durability, plain writes: what A acknowledged is in its
+    // journal (or memory) only, and the handover must upload all of it.
+    let target = Target::strata_s3(&store, &["--volume", "vol"]);
+    let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
+    let (mut wa, wa_log) =
+        spawn_race_writer(tmp.path(), &a.vol_uri(), "race", 1, 0, 120, 0..NBLOCKS);
+    wait_log(&mut wa, &wa_log, Duration::from_secs(60), |l| {
+        l.acks >= 2000
+    });
+
+    // B's host asks while A's writer has 64 writes in flight.
+    let asker = Server::new_stopped(&tmp.path().join("b"), target.clone());
+    let v = handover(&asker, &[]);
+    assert_eq!(v["via"], "control socket", "{v}");
+    let mut b = Server::start(&tmp.path().join("b"), target.clone(), &[("vol", VOL)]);
+    let (mut wb, wb_log) = spawn_race_writer(
+        tmp.path(),
+        &b.vol_uri(),
+        "race",
+        2,
+        NEW_HOLDER_GENS,
+        3,
+        NEW_HOLDER_BLOCKS,
+    );
+    let st = wb.wait(Duration::from_secs(60));
+    assert!(st.success(), "B's writer failed ({st}): {}", wb.stderr());
+    let st = wa.wait(Duration::from_secs(60));
+    let old = parse_logs(std::slice::from_ref(&wa_log));
+    assert!(
+        !st.success() && (old.failed > 0 || old.error.is_some()),
+        "A's writer went on writing ({st}) through a handover"
+    );
+    let new = parse_logs(std::slice::from_ref(&wb_log));
+    assert_no_ack_after_takeover(&old, &new, "handover racing writes");
+    assert_holder_refuses_new_clients(&a);
+    a.stop();
+    let both = parse_logs(&[wa_log, wb_log]);
+    assert_every_ack_in_the_volume(tmp.path(), &target, &both, &mut b);
+    eprintln!("handover racing writes: {:.1?}", t.elapsed());
+}
+
+// ---------------------------------------------------------------------------
 // (d) Upgrade: a version 1 lease
 // ---------------------------------------------------------------------------
 
@@ -650,6 +857,31 @@ fn a_lease_of_the_previous_release_is_respected_then_taken() {
             .as_str()
             .is_some_and(|s| s.contains(&data.display().to_string()) && !s.contains("oldhost")),
         "{info}"
+    );
+
+    // The upgraded volume moves: another host asks for it, and a server on
+    // that host's data dir serves it.
+    let out = strata_cli(
+        &server.store_dir(),
+        &tmp.path().join("asker"),
+        &["volume", "handover", "vol", "--json"],
+    );
+    assert!(
+        out.status.success(),
+        "handover of the upgraded volume failed ({}):\n{}",
+        out.status,
+        stderr_str(&out)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout_str(&out)).unwrap();
+    assert_eq!(v["via"], "control socket", "{v}");
+    assert_eq!(v["report"]["was_open"], true, "{v}");
+    server.stop();
+    server.set_data_dir(&tmp.path().join("another-host"));
+    server.start_again();
+    qemu_io_verify(
+        &server.vol_uri(),
+        &pattern_reads(&ws),
+        "on another host after a handover of the upgraded volume",
     );
 
     // A clean stop leaves a released version 1 lease (an older release may

@@ -29,6 +29,12 @@ pub struct WriterLog {
     pub acks_before_flush: Option<usize>,
     pub connected: bool,
     pub error: Option<String>,
+    /// Writes that failed (modes race, race-fua).
+    pub failed: usize,
+    /// When the writer saw its first and its last acknowledgement
+    /// (`time.monotonic_ns()`, one clock for the whole machine).
+    pub first_ack_ns: Option<u64>,
+    pub last_ack_ns: Option<u64>,
 }
 
 /// Parses the logs of consecutive writer runs (oldest first) into one view.
@@ -64,7 +70,12 @@ fn parse_into(log: &mut WriterLog, path: &Path) {
                 assert!(gen >= *e, "acks out of order for block {idx}");
                 *e = gen;
                 log.acks += 1;
+                if let Some(t) = it.next().and_then(|t| t.parse::<u64>().ok()) {
+                    log.first_ack_ns.get_or_insert(t);
+                    log.last_ack_ns = Some(t);
+                }
             }
+            "X" => log.failed += 1,
             "F" => log.acks_before_flush = Some(log.acks),
             "E" => log.error = Some(line.trim().to_string()),
             other => panic!("bad writer log line {other:?}: {line}"),
@@ -181,23 +192,55 @@ pub fn spawn_writer(
     round: usize,
     gen_base: u64,
 ) -> (BgProcess, PathBuf) {
+    let log = dir.join(format!("writer-{mode}-{round}.log"));
+    let p = writer_process(dir, uri, &log, mode, seed, gen_base, 300, 0..NBLOCKS);
+    (p, log)
+}
+
+/// A writer (modes race, race-fua) of blocks `blocks` (of the region
+/// [`check_region`] reads) that stops writing after `max_seconds`; its
+/// log is named after its seed.
+pub fn spawn_race_writer(
+    dir: &Path,
+    uri: &str,
+    mode: &str,
+    seed: u64,
+    gen_base: u64,
+    max_seconds: u64,
+    blocks: std::ops::Range<u64>,
+) -> (BgProcess, PathBuf) {
+    assert!(mode.starts_with("race") && blocks.end <= NBLOCKS);
+    let log = dir.join(format!("writer-{mode}-s{seed}.log"));
+    let p = writer_process(dir, uri, &log, mode, seed, gen_base, max_seconds, blocks);
+    (p, log)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn writer_process(
+    dir: &Path,
+    uri: &str,
+    log: &Path,
+    mode: &str,
+    seed: u64,
+    gen_base: u64,
+    max_seconds: u64,
+    blocks: std::ops::Range<u64>,
+) -> BgProcess {
     let script = dir.join("nbd_writer.py");
     std::fs::write(&script, WRITER).unwrap();
-    let log = dir.join(format!("writer-{mode}-{round}.log"));
-    let p = BgProcess::spawn(
+    BgProcess::spawn(
         "nbd_writer.py",
         Command::new(python_with_nbd())
             .arg(&script)
             .arg(uri)
-            .arg(&log)
-            .arg("0")
-            .arg(NBLOCKS.to_string())
+            .arg(log)
+            .arg((blocks.start * BS).to_string())
+            .arg((blocks.end - blocks.start).to_string())
             .arg(mode)
             .arg(seed.to_string())
-            .arg("300")
+            .arg(max_seconds.to_string())
             .arg(gen_base.to_string()),
-    );
-    (p, log)
+    )
 }
 
 pub fn spawn_fio(dir: &Path, uri: &str) -> BgProcess {
