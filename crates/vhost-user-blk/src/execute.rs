@@ -6,6 +6,10 @@
 //! Memory: a request's buffer is taken from the server's byte budget
 //! before it is allocated, so the data in flight is bounded by
 //! configuration, not by what guests queue.
+//!
+//! Guest memory is written here only into a read's data buffers and
+//! GET_ID's: `written_spans` says which, for the dirty log of a migration
+//! (`dirty_log.rs`), and must change with any new write here.
 
 use std::sync::Arc;
 
@@ -105,6 +109,15 @@ pub async fn execute<D: BlockDevice, M: GuestMemory>(
             }
             Outcome::ok(0)
         }
+    }
+}
+
+/// The guest buffers `execute` may write for `op` (a read's data, the id
+/// of a GET_ID): what a migration's dirty log marks once it completes.
+pub fn written_spans(op: Op) -> Vec<Span> {
+    match op {
+        Op::Read { data, .. } | Op::GetId { data } => data,
+        Op::Write { .. } | Op::Flush | Op::Discard { .. } | Op::WriteZeroes { .. } => Vec::new(),
     }
 }
 

@@ -13,6 +13,8 @@
 //! - `execute.rs`: the request run against the `BlockDevice`;
 //! - `inflight.rs`: the shared area that lets a restarted backend resubmit
 //!   what the previous one had taken;
+//! - `dirty_log.rs`: the guest pages the backend writes, marked for the
+//!   frontend while a live migration copies guest memory;
 //! - `config_space.rs`: what the guest reads of the device.
 //!
 //! Like `nbd-server`, it knows nothing of strata's engine: the `strata`
@@ -23,6 +25,7 @@ mod backend_channel;
 pub mod chain;
 pub mod config_space;
 mod device;
+mod dirty_log;
 mod error_log;
 pub mod execute;
 #[doc(hidden)]

@@ -11,6 +11,14 @@
 //! Stopping (VHOST_USER_GET_VRING_BASE, a disconnect, a server shutdown)
 //! takes no new request and waits for those running: each is returned to
 //! the guest before the worker says where the ring stopped.
+//!
+//! While a migration logs dirty pages (`dirty_log.rs`), every write of the
+//! worker into guest memory is marked after it is made: a completed
+//! request's data and status byte, then its used element and the used
+//! index, and the used ring's flags or avail_event around each batch
+//! (those at the ring's log address, when the frontend asked for them).
+//! All of it happens before the request counts as returned, so a stopped
+//! ring has logged everything it wrote.
 
 use std::fs::File;
 use std::io::Read;
@@ -23,16 +31,20 @@ use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Address, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::chain::{walk, Table};
 use crate::config_space::Limits;
 use crate::device::BlockDevice;
+use crate::dirty_log::{
+    DirtyLog, LogArea, UsedRingLog, USED_ELEM_BYTES, USED_FLAGS_OFFSET, USED_IDX_OFFSET,
+    USED_RING_OFFSET,
+};
 use crate::error_log::ErrorLog;
-use crate::execute::{execute, Outcome};
+use crate::execute::{execute, written_spans, Outcome};
 use crate::inflight::InflightQueue;
 use crate::metrics::{DeviceMetrics, OpKind};
-use crate::request::{bytes_of, parse, DeviceShape, Op, Refusal, Request};
+use crate::request::{bytes_of, parse, DeviceShape, Op, Refusal, Request, Span};
 
 /// What the worker of queue `index` starts from.
 pub struct QueueSetup {
@@ -50,6 +62,9 @@ pub struct QueueSetup {
     /// Replaced by VHOST_USER_SET_VRING_CALL at any time.
     pub call: Arc<parking_lot::Mutex<Option<File>>>,
     pub inflight: Option<InflightQueue>,
+    /// Where used-ring writes are logged; changed by
+    /// VHOST_USER_SET_VRING_ADDR while the ring runs.
+    pub used_log: Arc<UsedRingLog>,
 }
 
 /// What a worker shares with the other queues of its connection.
@@ -60,6 +75,8 @@ pub struct Shared<D> {
     pub metrics: Arc<DeviceMetrics>,
     pub limits: Limits,
     pub log: ErrorLog,
+    /// The connection's dirty log (live migration).
+    pub dirty_log: Arc<DirtyLog>,
 }
 
 /// A running worker: stop it to learn where its ring stopped.
@@ -80,8 +97,20 @@ impl Worker {
     }
 }
 
-/// A request running: its head, status byte, kind and data bytes.
-type Done = (u16, GuestAddress, OpKind, u64, Outcome);
+/// A request that has run, to return to the guest.
+struct Done {
+    head: u16,
+    /// Where its status byte goes.
+    status: GuestAddress,
+    kind: OpKind,
+    /// Data bytes, for the metrics.
+    bytes: u64,
+    outcome: Outcome,
+    /// Guest buffers the request wrote into (`written_spans`), for the
+    /// dirty log.
+    written: Vec<Span>,
+}
+
 type Running = Pin<Box<dyn std::future::Future<Output = Done> + Send>>;
 
 /// Starts the worker of a queue on `runtime`.
@@ -130,6 +159,8 @@ struct QueueState<D> {
     index: u16,
     size: u16,
     indirect: bool,
+    event_idx: bool,
+    used_log: Arc<UsedRingLog>,
     queue: Queue,
     call: Arc<parking_lot::Mutex<Option<File>>>,
     inflight: Option<InflightQueue>,
@@ -199,6 +230,8 @@ impl<D: BlockDevice> QueueState<D> {
             index: setup.index,
             size: setup.size,
             indirect: setup.indirect,
+            event_idx: setup.event_idx,
+            used_log: setup.used_log,
             queue,
             call: setup.call,
             inflight: setup.inflight,
@@ -282,6 +315,10 @@ impl<D: BlockDevice> QueueState<D> {
             if let Err(e) = self.queue.disable_notification(&*mem) {
                 tracing::warn!(volume = %self.shared.log.device(), queue = self.index, error = %e, "disabling notifications");
             }
+            // Without EVENT_IDX, disabling writes the used ring's flags.
+            if !self.event_idx {
+                self.log_used_field(USED_FLAGS_OFFSET);
+            }
             let mut heads = Vec::new();
             while let Some(chain) = self.queue.pop_descriptor_chain(&*mem) {
                 heads.push(chain.head_index());
@@ -297,7 +334,15 @@ impl<D: BlockDevice> QueueState<D> {
                 self.submit(head);
             }
             let mem = self.shared.mem.memory();
-            match self.queue.enable_notification(&*mem) {
+            let enabled = self.queue.enable_notification(&*mem);
+            // Enabling writes avail_event (EVENT_IDX) or the flags.
+            let field = if self.event_idx {
+                USED_RING_OFFSET + USED_ELEM_BYTES * u64::from(self.size)
+            } else {
+                USED_FLAGS_OFFSET
+            };
+            self.log_used_field(field);
+            match enabled {
                 Ok(true) => continue,
                 Ok(false) => break,
                 Err(e) => {
@@ -341,16 +386,29 @@ impl<D: BlockDevice> QueueState<D> {
         let (kind, bytes) = kind_of(&request.op);
         let mut request: Running = Box::pin(async move {
             let Request { status, op } = request;
-            let outcome = match op {
-                Ok(op) => execute(&*shared.device, &*mem, &op, &shared.budget).await,
-                Err(refusal) => Outcome {
-                    status: refusal.status,
-                    written_bytes: 0,
-                    failure: Some(refusal.reason),
-                    device_error: false,
-                },
+            let (outcome, written) = match op {
+                Ok(op) => {
+                    let outcome = execute(&*shared.device, &*mem, &op, &shared.budget).await;
+                    (outcome, written_spans(op))
+                }
+                Err(refusal) => (
+                    Outcome {
+                        status: refusal.status,
+                        written_bytes: 0,
+                        failure: Some(refusal.reason),
+                        device_error: false,
+                    },
+                    Vec::new(),
+                ),
             };
-            (head, status, kind, bytes, outcome)
+            Done {
+                head,
+                status,
+                kind,
+                bytes,
+                outcome,
+                written,
+            }
         });
         // Polled once here: a request the device answers at once (a read
         // from cache) costs no task.
@@ -372,11 +430,22 @@ impl<D: BlockDevice> QueueState<D> {
     fn unusable(&mut self, head: u16, why: &str) {
         self.shared.log.request(self.index, "chain refused", why);
         self.shared.metrics.record(OpKind::Refused, false, 0);
-        self.put_used(head, 0);
+        let dirty = self.dirty_log();
+        let log = dirty.as_deref().and_then(DirtyLog::writer);
+        self.put_used(head, 0, log.as_deref());
+        drop(log);
         self.notify();
     }
 
-    fn complete(&mut self, (head, status_addr, kind, bytes, outcome): Done) {
+    fn complete(&mut self, done: Done) {
+        let Done {
+            head,
+            status,
+            kind,
+            bytes,
+            outcome,
+            written,
+        } = done;
         let ok = outcome.failure.is_none();
         self.shared
             .metrics
@@ -386,22 +455,50 @@ impl<D: BlockDevice> QueueState<D> {
             self.shared.log.request(self.index, "request failed", why);
         }
         let mem = self.shared.mem.memory();
-        if let Err(e) = vm_memory::Bytes::write_obj(&*mem, outcome.status, status_addr) {
-            self.shared
-                .log
-                .request(self.index, "status not written", &e.to_string());
-        }
+        let status_written = match vm_memory::Bytes::write_obj(&*mem, outcome.status, status) {
+            Ok(()) => true,
+            Err(e) => {
+                self.shared
+                    .log
+                    .request(self.index, "status not written", &e.to_string());
+                false
+            }
+        };
         drop(mem);
+        let dirty = self.dirty_log();
+        let log = dirty.as_deref().and_then(DirtyLog::writer);
+        if let Some(log) = log.as_deref() {
+            for span in &written {
+                self.log_guest(log, span.addr.raw_value(), u64::from(span.len_bytes));
+            }
+            if status_written {
+                self.log_guest(log, status.raw_value(), 1);
+            }
+        }
         // The status byte counts as written.
-        self.put_used(head, outcome.written_bytes.saturating_add(1));
+        self.put_used(
+            head,
+            outcome.written_bytes.saturating_add(1),
+            log.as_deref(),
+        );
     }
 
-    fn put_used(&mut self, head: u16, len: u32) {
+    /// Returns `head` in the used ring; `log`: the dirty log to mark the
+    /// element and the index in.
+    fn put_used(&mut self, head: u16, len: u32, log: Option<&LogArea>) {
         let mem = self.shared.mem.memory();
         if let Some(inflight) = &self.inflight {
             inflight.returning(head);
         }
-        if let Err(e) = self.queue.add_used(&*mem, head, len) {
+        let slot = self.queue.next_used() % self.size;
+        let added = self.queue.add_used(&*mem, head, len);
+        drop(mem);
+        // Logged even when add_used failed: it may have written the
+        // element and not the index.
+        let elem = USED_RING_OFFSET + USED_ELEM_BYTES * u64::from(slot);
+        self.log_used(log, elem, USED_ELEM_BYTES);
+        self.log_used(log, USED_IDX_OFFSET, 2);
+        if let Err(e) = added {
             self.shared
                 .log
                 .request(self.index, "used ring", &e.to_string());
@@ -410,6 +507,42 @@ impl<D: BlockDevice> QueueState<D> {
         if let Some(inflight) = &self.inflight {
             inflight.returned(head, self.queue.next_used());
         }
+    }
+
+    /// The connection's dirty log while a migration logs; None (one
+    /// relaxed load) otherwise. Callers take `DirtyLog::writer` from it.
+    fn dirty_log(&self) -> Option<Arc<DirtyLog>> {
+        self.shared
+            .dirty_log
+            .is_active()
+            .then(|| self.shared.dirty_log.clone())
+    }
+
+    /// Marks a write of a 2-byte field of the used ring (flags,
+    /// avail_event) while a migration logs.
+    fn log_used_field(&self, offset: u64) {
+        if let Some(log) = self.shared.dirty_log.writer() {
+            self.log_used(Some(&log), offset, 2);
+        }
+    }
+
+    /// Marks a write of `len_bytes` at guest address `addr`.
+    fn log_guest(&self, log: &LogArea, addr: u64, len_bytes: u64) {
+        if let Err(e) = log.mark(addr, len_bytes) {
+            self.shared
+                .log
+                .request(self.index, "dirty page not logged", &e);
+        }
+    }
+
+    /// Marks a write of `len_bytes` at `offset` in the used ring, at the
+    /// ring's log address, if the frontend asked for used-ring logging.
+    fn log_used(&self, log: Option<&LogArea>, offset: u64, len_bytes: u64) {
+        let (Some(log), Some(base)) = (log, self.used_log.get()) else {
+            return;
+        };
+        // SET_VRING_ADDR refused a log address whose ring wraps.
+        self.log_guest(log, base.saturating_add(offset), len_bytes);
     }
 
     fn notify(&mut self) {
