@@ -111,6 +111,12 @@ pub struct VolumeConfig {
     pub control_socket: Option<PathBuf>,
     /// When FLUSH (and FUA) return: journal on local disk, or the store.
     pub durability: Durability,
+    /// Whether a volume another host holds is served as a standby, and
+    /// what takes it over (`engine/standby.rs`).
+    pub standby: StandbyPolicy,
+    /// Longest a standby's write waits for the volume (its holder's
+    /// handover), then fails.
+    pub standby_wait_ms: u64,
     /// Garbage collection (`gc/`).
     pub gc: GcConfig,
     /// How volumes created through this engine compress their data (each
@@ -240,6 +246,24 @@ impl Default for GcConfig {
     }
 }
 
+/// Default longest wait of a standby's write for its volume.
+pub const DEFAULT_STANDBY_WAIT_MS: u64 = 60_000;
+
+/// What a client of a volume another live host holds gets (live migration:
+/// the destination's QEMU connects before the switchover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StandbyPolicy {
+    /// A standby: reads from the store; the first write (or FLUSH, TRIM)
+    /// asks the holder to hand over and waits for the volume.
+    #[default]
+    Auto,
+    /// A standby whose writes wait for an explicit take (`strata volume
+    /// handover` on this host, at QEMU's pre-switchover pause).
+    Explicit,
+    /// Refused, naming the holder.
+    Off,
+}
+
 /// What a completed FLUSH guarantees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
@@ -276,6 +300,8 @@ impl VolumeConfig {
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             control_socket: None,
             durability: Durability::Local,
+            standby: StandbyPolicy::Auto,
+            standby_wait_ms: DEFAULT_STANDBY_WAIT_MS,
             gc: GcConfig::default(),
             compression: Compression::Lz4,
             key: None,

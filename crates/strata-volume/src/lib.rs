@@ -14,6 +14,7 @@
 //! engine/        the volumes of a store: open once, create, list, info, delete;
 //!                snapshots by name (`engine/snapshots.rs`)
 //! fsck/          checking what the store holds of a volume (reads only)
+//! standby/       a volume another host holds, read from the store, followed
 //! volume/        the `Volume` type; sequences the folders below for one volume
 //! at_rest/       compression and encryption: settings, keys, segment encoding
 //! gc/            garbage collection: victims, copies, deletions, orphans
@@ -46,13 +47,15 @@ mod qos;
 mod read;
 mod recovery;
 mod snapshot;
+mod standby;
 mod volume;
 mod write;
 
 pub use at_rest::{generate_key_file, key_from_env, load_key_file, KEY_ENV};
 pub use config::{
-    auto_disk_cache_bytes, Durability, GcConfig, HydrateConfig, HydrateMode, VolumeConfig,
-    DEFAULT_LEASE_TTL_MS, GC_GRACE_EMBEDDED_MS, GC_GRACE_REMOTE_MS, MIN_LEASE_TTL_MS,
+    auto_disk_cache_bytes, Durability, GcConfig, HydrateConfig, HydrateMode, StandbyPolicy,
+    VolumeConfig, DEFAULT_LEASE_TTL_MS, DEFAULT_STANDBY_WAIT_MS, GC_GRACE_EMBEDDED_MS,
+    GC_GRACE_REMOTE_MS, MIN_LEASE_TTL_MS,
 };
 pub use crash_point::{
     GC_CRASH_POINTS, READ_REWRITE_CRASH_POINT, SNAPSHOT_CRASH_POINTS, STAGED_CRASH_POINTS,
@@ -60,6 +63,7 @@ pub use crash_point::{
 pub use engine::diffs::DiffSummary;
 pub use engine::handover::{HandoverOutcome, HandoverReport};
 pub use engine::images::{ImageSink, ImageSummary};
+pub use engine::standby::{Export, Standby, TakeOutcome};
 pub use engine::{Engine, EngineStats, VolumeInfo, MAX_VOLUME_BYTES};
 pub use error::{JournalError, VolumeError};
 pub use format::access_profile::{AccessProfile, ProfileRange};
@@ -83,5 +87,6 @@ pub use read::{
 pub use snapshot::{
     split_export_name, Change, ChangeKind, ExportName, SnapshotView, MAX_CLONE_DEPTH,
 };
+pub use standby::StandbyView;
 pub use volume::{Allocation, FlushSealStats, SnapshotStats, Volume, VolumeStats, WriteWaitStats};
 pub use write::state::SpaceUsage;

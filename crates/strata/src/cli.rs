@@ -353,7 +353,9 @@ pub enum VolumeCommand {
     /// request goes to the holder's control socket when it runs on this
     /// machine, otherwise through its host record in the store (answered
     /// at its next liveness renewal, within a third of --lease-ttl-ms).
-    /// The holder does not take the volume back for 30 s. Prints who held
+    /// The holder does not take the volume back for 30 s. When a server
+    /// runs on this --data-dir, it takes the volume itself (its standby of
+    /// it, a live migration's destination, switches over). Prints who held
     /// it and how long the handover took.
     Handover {
         /// The volume.
@@ -539,6 +541,21 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = DurabilityArg::Local)]
     pub durability: DurabilityArg,
 
+    /// A client of a volume another live server holds (the destination
+    /// QEMU of a live migration connects before the switchover): `auto` =
+    /// served as a standby (reads from the store; the holder uploads on
+    /// every FLUSH meanwhile) whose first write asks the holder to hand the
+    /// volume over and waits for it; `explicit` = a standby whose writes
+    /// wait for `strata volume handover NAME` run on this host (at QEMU's
+    /// pre-switchover pause); `off` = refused, naming the holder.
+    #[arg(long, value_enum, default_value_t = StandbyArg::Auto)]
+    pub standby: StandbyArg,
+
+    /// Longest a standby's write waits for its volume (the holder's
+    /// handover), then fails with an I/O error.
+    #[arg(long, default_value_t = strata_volume::DEFAULT_STANDBY_WAIT_MS, value_name = "MS")]
+    pub standby_wait_ms: u64,
+
     /// This host proves it is alive with one object in the store, renewed
     /// every third of this; its volumes may be taken over by another server
     /// once it has not renewed for this long (a volume's lease is written
@@ -650,6 +667,13 @@ pub enum TlsModeArg {
 pub enum DurabilityArg {
     Local,
     Remote,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StandbyArg {
+    Auto,
+    Explicit,
+    Off,
 }
 
 /// Memory and disk budgets of the engine. Sizes stay strings until the

@@ -16,6 +16,8 @@
 //! {"op":"rekey","volume":"vm1","new_key_file":"/abs/path"} -> {"ok":"FINGERPRINT"}
 //! {"op":"set_qos","volume":"vm1","qos":{"iops":{"rate":3000,"burst":3000}}} -> {"ok":{...previous...}}
 //! {"op":"handover","volume":"vm1"}      -> {"ok":{...HandoverReport...}} (let go of it)
+//! {"op":"standby","volume":"vm1","by":"HOST","on":true} -> {"ok":null} (HOST stands by / left)
+//! {"op":"take","volume":"vm1","timeout_ms":N} -> {"ok":{...TakeOutcome...}} (take it here)
 //! any error                               -> {"error":"...","not_served":bool}
 //! ```
 //! Requests are bounded (`MAX_REQUEST_BYTES`); a volume this server does
@@ -73,6 +75,20 @@ pub enum Request {
     /// volume; the engine's `request_handover` sends it.
     Handover {
         volume: String,
+    },
+    /// Host `by` stands by to take the volume (`on`), or no longer does
+    /// (`Engine::standby_request`); its engine sends this.
+    Standby {
+        volume: String,
+        by: String,
+        on: bool,
+    },
+    /// Take the volume for this server: its standby of it takes it, or it
+    /// asks the holder to hand over and opens it (`Engine::take_volume`;
+    /// `strata volume handover` run on this server's data dir).
+    Take {
+        volume: String,
+        timeout_ms: u64,
     },
     /// The server reads the new key from this file (an absolute path):
     /// key material never travels through the socket.
@@ -151,7 +167,7 @@ fn data_dir_unusable(e: &std::io::Error) -> bool {
     )
 }
 
-async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {
+async fn serve_one(engine: &Arc<Engine>, conn: UnixStream) -> anyhow::Result<()> {
     let (read, mut write) = conn.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES));
@@ -170,8 +186,38 @@ async fn serve_one(engine: &Engine, conn: UnixStream) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn answer(engine: &Engine, req: Request) -> Reply {
+async fn answer(engine: &Arc<Engine>, req: Request) -> Reply {
+    // Not about a volume this server holds: answered by the engine.
+    let not_held = match &req {
+        Request::Standby { volume, by, on } => Some(
+            engine
+                .standby_request(volume, by, *on)
+                .await
+                .map(|()| serde_json::Value::Null)
+                .map_err(anyhow::Error::from),
+        ),
+        Request::Take { volume, timeout_ms } => {
+            let timeout = std::time::Duration::from_millis(*timeout_ms);
+            let taken = engine.take_volume(volume, timeout).await;
+            Some(
+                taken
+                    .map_err(anyhow::Error::from)
+                    .and_then(|t| Ok(serde_json::to_value(t)?)),
+            )
+        }
+        _ => None,
+    };
+    if let Some(result) = not_held {
+        return match result {
+            Ok(v) => Reply::Ok(v),
+            Err(e) => Reply::Error {
+                error: format!("{e:#}"),
+                not_served: false,
+            },
+        };
+    }
     let volume = match &req {
+        Request::Standby { volume, .. } | Request::Take { volume, .. } => volume.clone(),
         Request::Gc { volume, .. }
         | Request::Stats { volume }
         | Request::SnapshotCreate { volume, .. }
@@ -247,6 +293,10 @@ async fn answer(engine: &Engine, req: Request) -> Reply {
                 .map(|()| serde_json::Value::Null)
                 .map_err(anyhow::Error::from)
         }
+        // Answered at the top (they are not about a volume held here).
+        Request::Standby { .. } | Request::Take { .. } => Err(anyhow::anyhow!(
+            "standby and take requests are answered by the engine"
+        )),
     };
     match result {
         Ok(v) => Reply::Ok(v),

@@ -31,7 +31,7 @@ use strata_volume::{
 
 use crate::cli::{
     Cli, Command, DurabilityArg, GcArgs, KeyCommand, LogFormat, OnOff, OnOffAuto, ServeArgs,
-    StoreCommand, VolumeCommand,
+    StandbyArg, StoreCommand, VolumeCommand,
 };
 use crate::size::{approx_size, format_size, size_option};
 
@@ -298,6 +298,12 @@ async fn engine(cli: &Cli, serve: Option<&ServeArgs>) -> anyhow::Result<Engine> 
             DurabilityArg::Local => Durability::Local,
             DurabilityArg::Remote => Durability::Remote,
         };
+        config.standby = match args.standby {
+            StandbyArg::Auto => strata_volume::StandbyPolicy::Auto,
+            StandbyArg::Explicit => strata_volume::StandbyPolicy::Explicit,
+            StandbyArg::Off => strata_volume::StandbyPolicy::Off,
+        };
+        config.standby_wait_ms = args.standby_wait_ms;
         config.lease_ttl_ms = args.lease_ttl_ms;
         config.control_socket = Some(crate::control::socket_path(&config.data_dir));
         let b = &args.budgets;
@@ -621,6 +627,9 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
             json,
         } => {
             let timeout = std::time::Duration::from_millis(*timeout_ms);
+            if take_through_own_server(engine, name, *timeout_ms, *json).await? {
+                return Ok(());
+            }
             let outcome = engine.request_handover(name, timeout).await?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&outcome)?);
@@ -651,6 +660,45 @@ async fn volume_command(engine: &Engine, cmd: &VolumeCommand) -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+/// `volume handover` run on the data dir of a running server: that server
+/// takes the volume (its standby switches over). `Ok(false)`: no server
+/// runs there.
+async fn take_through_own_server(
+    engine: &Engine,
+    name: &str,
+    timeout_ms: u64,
+    json: bool,
+) -> anyhow::Result<bool> {
+    let req = control::Request::Take {
+        volume: name.to_string(),
+        timeout_ms,
+    };
+    let data_dir = &engine.config().data_dir;
+    let Some(reply) = control::ask(data_dir, &req).await? else {
+        return Ok(false);
+    };
+    let taken = match reply {
+        control::Reply::Ok(v) => v,
+        control::Reply::Error { error, .. } => anyhow::bail!(
+            "the server on {} could not take volume {name:?}: {error}",
+            data_dir.display()
+        ),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&taken)?);
+        return Ok(true);
+    }
+    let ms = taken["elapsed_ms"].as_u64().unwrap_or(0);
+    if taken["already_held"] == true {
+        println!("volume {name} is held by the server on this data dir already");
+    } else if taken["standby"] == true {
+        println!("volume {name} taken over by this host's standby of it in {ms} ms");
+    } else {
+        println!("volume {name} handed over to the server on this data dir in {ms} ms");
+    }
+    Ok(true)
 }
 
 /// `volume info`: live bytes from the server on this host that has the

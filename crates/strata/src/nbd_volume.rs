@@ -10,7 +10,9 @@ use std::sync::Arc;
 use nbd_server::{
     Allocation, BlockDevice, BlockSizes, ExportInfo, ExportProvider, Extent, ZeroFlags,
 };
-use strata_volume::{split_export_name, Engine, ExportName, SnapshotView, Volume, VolumeError};
+use strata_volume::{
+    split_export_name, Engine, Export, ExportName, SnapshotView, Standby, Volume, VolumeError,
+};
 
 use crate::size::format_size;
 
@@ -24,6 +26,9 @@ pub struct NbdVolume {
 enum Backing {
     Volume(Arc<Volume>),
     Snapshot(Arc<SnapshotView>),
+    /// A volume another host holds (live migration's destination): reads
+    /// from the store, and the first write takes the volume over.
+    Standby(Arc<Standby>),
 }
 
 impl Backing {
@@ -31,19 +36,30 @@ impl Backing {
         match self {
             Backing::Volume(v) => v.name().to_string(),
             Backing::Snapshot(s) => s.export_name(),
+            Backing::Standby(s) => s.name().to_string(),
         }
     }
 
-    /// The writable volume; a write to a snapshot never gets here (the
-    /// export is read-only and the server refuses it), but if one did it
-    /// is refused, not applied.
-    fn writable(&self) -> io::Result<&Arc<Volume>> {
+    /// The writable volume (a standby's once it took it over); a write to
+    /// a snapshot never gets here (the export is read-only and the server
+    /// refuses it), but if one did it is refused, not applied.
+    async fn writable(&self) -> Result<Arc<Volume>, VolumeError> {
         match self {
-            Backing::Volume(v) => Ok(v),
-            Backing::Snapshot(s) => Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{} is a snapshot: read-only", s.export_name()),
-            )),
+            Backing::Volume(v) => Ok(v.clone()),
+            Backing::Standby(s) => s.volume_to_write().await,
+            Backing::Snapshot(s) => Err(VolumeError::Invalid(format!(
+                "{} is a snapshot: read-only",
+                s.export_name()
+            ))),
+        }
+    }
+
+    /// The volume if writes may go to it now (QoS applies to it).
+    fn volume_now(&self) -> Option<&Arc<Volume>> {
+        match self {
+            Backing::Volume(v) => Some(v),
+            Backing::Standby(s) => s.taken(),
+            Backing::Snapshot(_) => None,
         }
     }
 }
@@ -67,7 +83,7 @@ impl NbdVolume {
     pub(crate) fn watch_size(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         match &self.backing {
             Backing::Volume(v) => Some(v.watch_size()),
-            Backing::Snapshot(_) => None,
+            Backing::Snapshot(_) | Backing::Standby(_) => None,
         }
     }
 
@@ -103,6 +119,7 @@ impl BlockDevice for NbdVolume {
         match &self.backing {
             Backing::Volume(v) => v.size_bytes(),
             Backing::Snapshot(s) => s.size_bytes(),
+            Backing::Standby(s) => s.size_bytes(),
         }
     }
 
@@ -119,8 +136,9 @@ impl BlockDevice for NbdVolume {
     }
 
     async fn admit(&self, kind: nbd_server::Admission, bytes: u64) {
-        // A snapshot export is read-only and not limited.
-        let Backing::Volume(v) = &self.backing else {
+        // A snapshot export is read-only and not limited; a standby is
+        // limited once it holds the volume.
+        let Some(v) = self.backing.volume_now() else {
             return;
         };
         let kind = match kind {
@@ -135,34 +153,41 @@ impl BlockDevice for NbdVolume {
         let read = match &self.backing {
             Backing::Volume(v) => v.read(offset_bytes, buf).await,
             Backing::Snapshot(s) => s.read(offset_bytes, buf).await,
+            Backing::Standby(s) => s.read(offset_bytes, buf).await,
         };
         read.map_err(|e| self.fail("read", offset_bytes, len, e))
     }
 
     async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        self.backing
-            .writable()?
-            .write(offset_bytes, data, fua)
-            .await
-            .map_err(|e| self.fail("write", offset_bytes, data.len() as u64, e))
+        let len = data.len() as u64;
+        let fail = |e| self.fail("write", offset_bytes, len, e);
+        let volume = self.backing.writable().await.map_err(fail)?;
+        volume.write(offset_bytes, data, fua).await.map_err(fail)
     }
 
     async fn flush(&self) -> io::Result<()> {
-        let Backing::Volume(volume) = &self.backing else {
-            return Ok(()); // nothing to make durable in a snapshot
+        let fail = |e| self.fail("flush", 0, 0, e);
+        let volume = match &self.backing {
+            Backing::Snapshot(_) => return Ok(()), // nothing to make durable
+            // A standby has nothing of its own to make durable: its first
+            // FLUSH is no reason to take the volume (QEMU's destination
+            // may flush before the switchover).
+            Backing::Standby(s) => match s.taken() {
+                Some(v) => v.clone(),
+                None => return Ok(()),
+            },
+            Backing::Volume(v) => v.clone(),
         };
-        volume
-            .flush()
-            .await
-            .map_err(|e| self.fail("flush", 0, 0, e))
+        volume.flush().await.map_err(fail)
     }
 
     async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> io::Result<()> {
-        self.backing
-            .writable()?
+        let fail = |e| self.fail("trim", offset_bytes, length_bytes, e);
+        let volume = self.backing.writable().await.map_err(fail)?;
+        volume
             .trim(offset_bytes, length_bytes, fua)
             .await
-            .map_err(|e| self.fail("trim", offset_bytes, length_bytes, e))
+            .map_err(fail)
     }
 
     async fn write_zeroes(
@@ -173,11 +198,12 @@ impl BlockDevice for NbdVolume {
     ) -> io::Result<()> {
         // Zeroing is always fast here (it only changes the map), so
         // FAST_ZERO never needs to fail.
-        self.backing
-            .writable()?
+        let fail = |e| self.fail("write_zeroes", offset_bytes, length_bytes, e);
+        let volume = self.backing.writable().await.map_err(fail)?;
+        volume
             .write_zeroes(offset_bytes, length_bytes, flags.no_hole, flags.fua)
             .await
-            .map_err(|e| self.fail("write_zeroes", offset_bytes, length_bytes, e))
+            .map_err(fail)
     }
 
     async fn block_status(
@@ -189,6 +215,7 @@ impl BlockDevice for NbdVolume {
         let runs = match &self.backing {
             Backing::Volume(v) => v.block_status(offset_bytes, length_bytes, max_extents),
             Backing::Snapshot(s) => s.block_status(offset_bytes, length_bytes, max_extents),
+            Backing::Standby(s) => s.block_status(offset_bytes, length_bytes, max_extents),
         };
         let runs = runs.map_err(io::Error::from)?;
         Ok(runs
@@ -275,9 +302,11 @@ impl ExportProvider for VolumeExports {
             }
         };
         let backing = match export {
-            ExportName::Volume(v) => {
-                Backing::Volume(self.engine.open_volume(v).await.map_err(lookup_error)?)
-            }
+            ExportName::Volume(v) => match self.engine.open_export(v).await {
+                Ok(Export::Volume(v)) => Backing::Volume(v),
+                Ok(Export::Standby(s)) => Backing::Standby(s),
+                Err(e) => return Err(lookup_error(e)),
+            },
             ExportName::Snapshot { volume, snapshot } => Backing::Snapshot(
                 self.engine
                     .open_snapshot(volume, snapshot)

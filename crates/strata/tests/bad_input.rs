@@ -404,6 +404,9 @@ fn server_rejects_bad_requests_and_keeps_serving() {
 /// volume would silently corrupt it, so a second `strata serve` on the same
 /// store must not serve a volume that is already being served: it either
 /// exits non-zero with a one-line error, or it runs and refuses the export.
+/// (`--standby off`: by default the second server serves the export as a
+/// standby, which writes only once the first hands the volume over:
+/// standby.rs.)
 #[test]
 fn second_server_on_a_served_volume_is_refused() {
     let _serial = serial();
@@ -419,6 +422,7 @@ fn second_server_on_a_served_volume_is_refused() {
             .arg("--data-dir")
             .arg(tmp.path().join("data-of-second-host"))
             .arg("serve")
+            .args(["--standby", "off"])
             .arg("--listen")
             .arg(format!("unix:{}", sock2.display())),
     );

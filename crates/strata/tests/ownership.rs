@@ -370,7 +370,19 @@ fn handover_through_the_control_socket_moves_a_volume_at_once() {
     // The default lease TTL (30 s): B opening "at once" is told from B
     // waiting for the TTL. Segments are sealed after 60 s only: what A was
     // written is in its journal, not the store, when it is asked.
-    let target = Target::strata_s3(&store, &["--volume", "vol", "--segment-age-ms", "60000"]);
+    // `--standby off`: a client of A after the handover is refused rather
+    // than served as a standby (standby.rs tests those).
+    let target = Target::strata_s3(
+        &store,
+        &[
+            "--volume",
+            "vol",
+            "--segment-age-ms",
+            "60000",
+            "--standby",
+            "off",
+        ],
+    );
     let mut a = holder_with_journal_data(&tmp.path().join("a"), &target);
     let a_data = std::fs::canonicalize(a.data_dir()).unwrap();
     assert!(a.data_dir().join("control.sock").exists());
@@ -433,6 +445,8 @@ fn handover_through_the_store_reaches_a_holder_without_its_socket() {
             "3000",
             "--segment-age-ms",
             "60000",
+            "--standby",
+            "off",
         ],
     );
     let mut a = holder_with_journal_data(&tmp.path().join("a"), &target);
@@ -627,7 +641,7 @@ fn a_handover_racing_writes_keeps_every_acknowledged_write() {
     let store = S3Store::on_shared("handover-race");
     // Local durability, plain writes: what A acknowledged is in its
     // journal (or memory) only, and the handover must upload all of it.
-    let target = Target::strata_s3(&store, &["--volume", "vol"]);
+    let target = Target::strata_s3(&store, &["--volume", "vol", "--standby", "off"]);
     let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
     let (mut wa, wa_log) =
         spawn_race_writer(tmp.path(), &a.vol_uri(), "race", 1, 0, 120, 0..NBLOCKS);

@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use strata_store::{validate_volume_name, ObjectNames};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use super::control_client::{control_call, local_control_socket};
 use super::Engine;
 use crate::error::VolumeError;
+use crate::format::host_record::RequestKind;
 use crate::ownership::{read_lease, request_handover_through_store, standing, Standing};
 
 /// After handing a volume over, this engine does not take it back for
@@ -31,8 +32,6 @@ use crate::ownership::{read_lease, request_handover_through_store, standing, Sta
 const HANDOVER_HOLD_OFF: Duration = Duration::from_secs(30);
 /// How often the asker looks at the lease while waiting for the release.
 const RELEASE_POLL: Duration = Duration::from_millis(50);
-/// Largest reply read from a holder's control socket.
-const MAX_REPLY_BYTES: u64 = 64 << 10;
 
 /// What handing a volume over did.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -132,8 +131,13 @@ impl Engine {
             tokio::pin!(notified);
             notified.as_mut().enable();
             for r in host.take_pending_requests() {
-                if let Err(e) = self.hand_over(&r.volume).await {
-                    tracing::warn!(volume = %r.volume, by = %r.by, error = %e, "handover requested through the store failed");
+                let done = match r.kind {
+                    RequestKind::Handover => self.hand_over(&r.volume).await.map(|_| ()),
+                    RequestKind::Standby => self.standby_request(&r.volume, &r.by, true).await,
+                    RequestKind::StandbyGone => self.standby_request(&r.volume, &r.by, false).await,
+                };
+                if let Err(e) = done {
+                    tracing::warn!(volume = %r.volume, by = %r.by, kind = ?r.kind, error = %e, "request through the store failed");
                 }
             }
             notified.await;
@@ -182,13 +186,8 @@ impl Engine {
             } => r,
         };
         let holder = Some(lease.describe());
-        let here = crate::ownership::hostname();
-        let socket = record
-            .control_socket
-            .as_deref()
-            .filter(|_| record.hostname == here)
-            .filter(|p| std::path::Path::new(p).exists());
-        let (via, report) = match socket {
+        let socket = local_control_socket(&record);
+        let (via, report) = match socket.as_deref() {
             Some(path) => match ask_over_socket(path, name).await {
                 Ok(report) => ("control socket", Some(report)),
                 Err(e) => {
@@ -254,28 +253,7 @@ impl Engine {
 /// One handover request over a holder's control socket (the JSON-lines
 /// protocol of `strata serve`'s `control.rs`: `{"op":"handover",...}`).
 async fn ask_over_socket(path: &str, volume: &str) -> Result<HandoverReport, String> {
-    let mut conn = tokio::net::UnixStream::connect(path)
-        .await
-        .map_err(|e| format!("connect {path}: {e}"))?;
     let request = serde_json::json!({"op": "handover", "volume": volume});
-    let mut line = request.to_string().into_bytes();
-    line.push(b'\n');
-    conn.write_all(&line)
-        .await
-        .map_err(|e| format!("send to {path}: {e}"))?;
-    let mut reply = String::new();
-    BufReader::new(conn.take(MAX_REPLY_BYTES))
-        .read_line(&mut reply)
-        .await
-        .map_err(|e| format!("read from {path}: {e}"))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&reply).map_err(|e| format!("unreadable reply from {path}: {e}"))?;
-    if let Some(ok) = value.get("ok") {
-        return serde_json::from_value(ok.clone()).map_err(|e| format!("reply from {path}: {e}"));
-    }
-    let error = value
-        .get("error")
-        .and_then(|e| e.as_str())
-        .unwrap_or("no answer");
-    Err(format!("the holder refused: {error}"))
+    let ok = control_call(path, &request).await?;
+    serde_json::from_value(ok).map_err(|e| format!("reply from {path}: {e}"))
 }

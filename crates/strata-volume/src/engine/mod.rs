@@ -5,11 +5,13 @@
 //! snapshots by name are in `snapshots.rs`.
 
 mod clones;
+mod control_client;
 pub(crate) mod diffs;
 mod fsck;
 pub(crate) mod handover;
 pub(crate) mod images;
 mod snapshots;
+pub(crate) mod standby;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -143,6 +145,10 @@ pub struct Engine {
     handed_over: parking_lot::Mutex<HashMap<String, std::time::Instant>>,
     /// A server: its host record stays alive while no volume is open.
     serving: std::sync::atomic::AtomicBool,
+    /// Standbys in use (`engine/standby.rs`), by volume name.
+    standbys: parking_lot::Mutex<HashMap<String, std::sync::Weak<standby::Standby>>>,
+    /// Held while a standby is made, so one volume gets one.
+    standby_open: tokio::sync::Mutex<()>,
 }
 
 /// How long `close_all` waits for background cache work.
@@ -165,6 +171,8 @@ impl Engine {
             host_change: tokio::sync::Mutex::new(()),
             host_users: std::sync::atomic::AtomicUsize::new(0),
             handed_over: parking_lot::Mutex::new(HashMap::new()),
+            standbys: parking_lot::Mutex::new(HashMap::new()),
+            standby_open: tokio::sync::Mutex::new(()),
             serving: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -619,6 +627,16 @@ impl Engine {
 
     /// The open volume `name`, opening (recovering) it on first use.
     pub async fn open_volume(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
+        self.open_volume_with(name, false).await
+    }
+
+    /// `open_volume` for a take (a standby's, an explicit one): a volume
+    /// this engine handed over a moment ago may be taken back.
+    pub(crate) async fn open_volume_to_take(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
+        self.open_volume_with(name, true).await
+    }
+
+    async fn open_volume_with(&self, name: &str, taking: bool) -> Result<Arc<Volume>, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         let cell = self
             .open
@@ -628,7 +646,11 @@ impl Engine {
             .clone();
         let vol = cell
             .get_or_try_init(|| async {
-                self.refuse_if_handed_over(name)?;
+                if taking {
+                    self.handed_over.lock().remove(name);
+                } else {
+                    self.refuse_if_handed_over(name)?;
+                }
                 let _user = HostUser::new(&self.host_users);
                 Volume::open(
                     self.store.clone(),

@@ -21,9 +21,12 @@
 //! state             "alive" | "stopped" (clean shutdown) | "expired"
 //!                   (declared by a host taking a volume over, `expired_by`)
 //! control_socket    absolute path of the server's control socket, if any
-//! handover_requests volumes other hosts asked this one to let go of
+//! handover_requests requests of other hosts about a volume this one holds
 //!                   (at most MAX_HANDOVER_REQUESTS), answered at the next
-//!                   renewal
+//!                   renewal: {volume, by, at_unix_ms, kind}, kind
+//!                   "handover" (let go of it; the default when absent),
+//!                   "standby" (a host stands by to take it: upload on
+//!                   FLUSH) or "standby_gone"
 //! ```
 
 use bytes::Bytes;
@@ -50,13 +53,34 @@ pub enum HostState {
     Expired,
 }
 
-/// A volume another host asked this one to hand over.
+/// What another host asks of a volume this one holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestKind {
+    /// Let go of it (`Engine::hand_over`).
+    #[default]
+    Handover,
+    /// The asker stands by to take it (live migration): FLUSH uploads.
+    Standby,
+    /// The asker no longer stands by.
+    StandbyGone,
+}
+
+impl RequestKind {
+    fn is_handover(&self) -> bool {
+        *self == RequestKind::Handover
+    }
+}
+
+/// A request of another host about a volume this one holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HandoverRequest {
     pub volume: String,
-    /// The asking host's holder string (for the log).
+    /// The asking host's holder string (for the log, and who stands by).
     pub by: String,
     pub at_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "RequestKind::is_handover")]
+    pub kind: RequestKind,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +154,7 @@ mod tests {
                 volume: "v".into(),
                 by: "other".into(),
                 at_unix_ms: 5,
+                kind: RequestKind::Standby,
             }],
         }
     }

@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 use super::local_lock::{host_identity, lock_locally, LocalLock};
 use crate::clock::now_ms;
 use crate::error::VolumeError;
-use crate::format::host_record::{HandoverRequest, HostRecord, HostState};
+use crate::format::host_record::{HandoverRequest, HostRecord, HostState, RequestKind};
 use crate::objects::{is_condition_refused, read_versioned, store_error};
 
 /// Writes of our record retried at once after a conflict we understood.
@@ -142,17 +142,34 @@ pub async fn request_handover_through_store(
     volume: &str,
     by: &str,
 ) -> Result<bool, VolumeError> {
+    send_request_through_store(store, id, volume, by, RequestKind::Handover)
+        .await
+        .map(|sent| sent.is_some())
+}
+
+/// Adds a request of `kind` about `volume` to host `id`'s record, which
+/// that host reads at its next renewal (replacing an earlier one of the
+/// same kind, volume and asker). `Ok(None)`: the host is not alive;
+/// `Ok(Some(at_unix_ms))`: the request's stamp, to see it answered.
+pub(crate) async fn send_request_through_store(
+    store: &Store,
+    id: &str,
+    volume: &str,
+    by: &str,
+    kind: RequestKind,
+) -> Result<Option<u64>, VolumeError> {
     let path = ObjectNames::host_record(id);
     for _ in 0..MAX_CONFLICT_RETRIES * 4 {
         let Some((mut record, version)) = read_host_record(store, id).await? else {
-            return Ok(false);
+            return Ok(None);
         };
         if !record.is_live(now_ms()) {
-            return Ok(false);
+            return Ok(None);
         }
         let now = now_ms();
         record.handover_requests.retain(|r| {
-            r.volume != volume && now.saturating_sub(r.at_unix_ms) < HANDOVER_REQUEST_MAX_AGE_MS
+            let same = r.volume == volume && r.kind == kind && r.by == by;
+            !same && now.saturating_sub(r.at_unix_ms) < HANDOVER_REQUEST_MAX_AGE_MS
         });
         if record.handover_requests.len() >= crate::format::host_record::MAX_HANDOVER_REQUESTS {
             return Err(VolumeError::Busy(format!(
@@ -165,12 +182,13 @@ pub async fn request_handover_through_store(
             volume: volume.to_string(),
             by: by.to_string(),
             at_unix_ms: now,
+            kind,
         });
         match store
             .put_if(&path, PutPayload::from(record.encode()), Some(&version))
             .await
         {
-            Ok(_) => return Ok(true),
+            Ok(_) => return Ok(Some(now)),
             Err(e) if is_condition_refused(&e) => continue,
             Err(e) => return Err(store_error(store, "write", &path)(e)),
         }

@@ -54,6 +54,23 @@ impl SnapshotView {
         }
     }
 
+    /// The map the view reads through.
+    pub(crate) fn map(&self) -> &ExtentMap {
+        &self.map
+    }
+
+    /// The same view through another map (a standby following its volume).
+    pub(crate) fn with_map(&self, map: ExtentMap) -> Arc<SnapshotView> {
+        Arc::new(SnapshotView {
+            volume: self.volume.clone(),
+            record: self.record.clone(),
+            map,
+            caches: self.caches.clone(),
+            reader: self.reader.clone(),
+            lineage: self.lineage.clone(),
+        })
+    }
+
     /// `VOL@SNAP`.
     pub fn export_name(&self) -> String {
         format!("{}@{}", self.volume, self.record.name)

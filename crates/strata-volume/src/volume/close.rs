@@ -63,6 +63,7 @@ impl Volume {
         self.journal.punch_if_idle(0);
         // Let another server take the volume.
         self.ownership.release(&self.store, &self.names).await?;
+        self.closed_cleanly.store(true, Ordering::Release);
         tracing::info!(volume = %self.name, "closed cleanly");
         Ok(())
     }

@@ -27,6 +27,7 @@
 //!   next, kept whole as snapshots come and go;
 //! - `resize.rs`: growing and shrinking, served or not;
 //! - `flatten.rs`: a clone's inherited data copied in, the parent dropped;
+//! - `standby_mode.rs`: FLUSH uploads while another host stands by;
 //! - `close.rs`: the clean close.
 //!
 //! Those files only add methods to `Volume`; none refers to another by path.
@@ -46,6 +47,7 @@ mod resize;
 mod snapshot;
 mod snapshot_deltas;
 mod staged;
+mod standby_mode;
 mod tasks;
 mod upload;
 mod write;
@@ -201,6 +203,11 @@ pub struct Volume {
     /// The limits its clients are served within (`qos/`), from its
     /// manifest.
     pub(crate) qos: crate::qos::VolumeQos,
+    /// Another host standing by to take the volume (live migration).
+    pub(crate) standby: crate::write::standby_state::StandbyState,
+    /// Set once `close` stored everything and released the lease: a FLUSH
+    /// after it has nothing left to make durable.
+    pub(crate) closed_cleanly: AtomicBool,
 }
 
 impl std::fmt::Debug for Volume {

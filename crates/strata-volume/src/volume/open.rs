@@ -121,6 +121,8 @@ impl Volume {
             hydration: Arc::new(Hydration::new(hydrate_mode, hydration_state)),
             profile_recording,
             qos: crate::qos::VolumeQos::new(qos),
+            standby: Default::default(),
+            closed_cleanly: AtomicBool::new(false),
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;

@@ -45,7 +45,7 @@ impl Volume {
             && len as u64 >= min
             && len as u64 <= self.config.segment_bytes
             && self.store.stages_files()
-            && self.config.durability == Durability::Local
+            && self.durability() == Durability::Local
             && !self.at_rest.writes_frames()
     }
 

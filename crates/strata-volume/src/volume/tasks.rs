@@ -95,7 +95,7 @@ impl Volume {
 
     /// When housekeeping is next due (`None`: not until a write).
     fn next_housekeeping(&self) -> Option<std::time::Duration> {
-        let max_age = std::time::Duration::from_millis(self.config.segment_max_age_ms);
+        let max_age = std::time::Duration::from_millis(self.segment_max_age_ms());
         let st = self.state.lock();
         if !st.open.is_empty() {
             return Some(max_age.saturating_sub(st.open.opened_at.elapsed()));

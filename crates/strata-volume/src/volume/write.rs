@@ -90,8 +90,14 @@ impl Volume {
     /// journal (survives loss of power), or with `Durability::Remote` in the
     /// store (survives loss of the host).
     pub async fn flush(self: &Arc<Self>) -> Result<(), VolumeError> {
+        if self.closed_cleanly.load(Ordering::Acquire) {
+            // Closed (handed over): every write acknowledged is in the
+            // store. A migrating QEMU flushes its inactivated disk after
+            // the switchover's handover.
+            return Ok(());
+        }
         self.check_failed()?;
-        match self.config.durability {
+        match self.durability() {
             Durability::Local => {
                 let jseq = self.journal.last_appended_jseq();
                 if self.flush_seals() {
@@ -139,7 +145,7 @@ impl Volume {
     }
 
     /// Seals what is open and waits until every segment up to it is stored.
-    async fn flush_to_store(self: &Arc<Self>) -> Result<(), VolumeError> {
+    pub(crate) async fn flush_to_store(self: &Arc<Self>) -> Result<(), VolumeError> {
         self.seal_and_wait_stored().await;
         self.check_failed()
     }
@@ -226,7 +232,7 @@ impl Volume {
         if let Some(pending) = pending {
             self.write_placed(pending, data)?;
         }
-        match (fua, self.config.durability) {
+        match (fua, self.durability()) {
             (false, _) => {
                 self.journal.wait_written(jseq).await?;
                 // No acknowledged write behind a placed one whose bytes
@@ -373,7 +379,7 @@ impl Volume {
     pub(crate) fn seal_if_old(self: &Arc<Self>) {
         let mut st = self.state.lock();
         let age_ms = st.open.opened_at.elapsed().as_millis() as u64;
-        if !st.open.is_empty() && age_ms >= self.config.segment_max_age_ms {
+        if !st.open.is_empty() && age_ms >= self.segment_max_age_ms() {
             self.seal_locked(&mut st, false);
         }
     }

@@ -25,4 +25,5 @@ pub(crate) mod journal_file;
 pub(crate) mod open_segment;
 pub(crate) mod segment_put;
 pub(crate) mod staged_segment;
+pub(crate) mod standby_state;
 pub(crate) mod state;

@@ -30,6 +30,8 @@ pub mod clients;
 pub mod crash_check;
 pub mod guest;
 pub mod http_stub;
+pub mod nbd_session;
+pub mod qmp;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;

@@ -1,0 +1,394 @@
+//! Standby exports: a client of a volume another live host holds (the
+//! destination QEMU of a live migration connects before the switchover)
+//! gets a standby instead of a refusal, and the standby takes the volume
+//! over when it must write.
+//!
+//! 1. The standby registers with the holder (its control socket on this
+//!    machine, else a request in its host record, answered within TTL/3);
+//!    the holder enters standby mode (`volume/standby_mode.rs`: every FLUSH
+//!    uploads) before the registration is answered, and a second standby
+//!    of the same volume is refused.
+//! 2. Reads are served from the store (`standby/standby_view.rs`), which
+//!    holds everything the holder acknowledged a FLUSH for.
+//! 3. The first write, TRIM or FLUSH (`StandbyPolicy::Auto`), or an
+//!    explicit take (`Engine::take_volume`, `strata volume handover` on
+//!    this host; `StandbyPolicy::Explicit`), asks the holder to hand over
+//!    (`engine/handover.rs`), opens the volume, and from then on every
+//!    request goes to it. Writes wait at most `standby_wait_ms`.
+//! 4. A standby dropped without taking the volume (the migration was
+//!    cancelled: its clients disconnected) tells the holder it is gone.
+//!
+//! Design and safety argument: `docs/design/live-migration.md`.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use strata_store::{validate_volume_name, ObjectNames};
+use tokio::sync::{Notify, OnceCell};
+
+use super::control_client::{control_call, local_control_socket};
+use super::Engine;
+use crate::config::StandbyPolicy;
+use crate::error::VolumeError;
+use crate::format::host_record::{HostRecord, RequestKind};
+use crate::objects::read_manifest;
+use crate::ownership::{
+    read_host_record, read_lease, send_request_through_store, standing, Standing,
+};
+use crate::standby::StandbyView;
+use crate::volume::Volume;
+
+/// How often a registration sent through the store is looked for in the
+/// holder's record (it is answered at the holder's next renewal).
+const REGISTRATION_POLL: Duration = Duration::from_millis(100);
+/// Pause between tries while a handover is refused (holder busy, or its
+/// host expired and the volume is about to be free).
+const TAKE_RETRY: Duration = Duration::from_millis(250);
+
+/// What a client of a volume's export is served.
+pub enum Export {
+    /// The volume: this engine holds it.
+    Volume(Arc<Volume>),
+    /// A standby: another live host holds it.
+    Standby(Arc<Standby>),
+}
+
+/// A volume served here while another host holds it (see the module doc).
+pub struct Standby {
+    engine: Arc<Engine>,
+    name: String,
+    view: StandbyView,
+    /// Who held the volume when the standby registered (for messages).
+    holder: String,
+    /// The holder's host record then: where to say the standby is gone.
+    holder_host: HostRecord,
+    /// This host, as the holder knows the standby.
+    by: String,
+    taken: OnceCell<Arc<Volume>>,
+    /// Woken when `taken` is set (explicit mode's waiting writes).
+    taken_now: Notify,
+}
+
+/// What an explicit take did (`strata volume handover` on the taking host).
+#[derive(Debug, Clone, Serialize)]
+pub struct TakeOutcome {
+    pub volume: String,
+    /// Whether a standby of this engine took it (else the engine opened it).
+    pub standby: bool,
+    /// Whether this engine held it already.
+    pub already_held: bool,
+    pub elapsed_ms: u64,
+}
+
+impl Engine {
+    /// What a client of volume `name` is served: the volume, or a standby
+    /// when another live host holds it (unless `StandbyPolicy::Off`).
+    pub async fn open_export(self: &Arc<Self>, name: &str) -> Result<Export, VolumeError> {
+        let busy = match self.open_volume(name).await {
+            Ok(v) => return Ok(Export::Volume(v)),
+            Err(VolumeError::Busy(detail)) => detail,
+            Err(e) => return Err(e),
+        };
+        if self.config.standby == StandbyPolicy::Off {
+            return Err(VolumeError::Busy(busy));
+        }
+        let _one = self.standby_open.lock().await;
+        if let Some(s) = self.standby_of(name) {
+            return Ok(Export::Standby(s));
+        }
+        let names = ObjectNames::new(name);
+        let Some((lease, _)) = read_lease(&self.store, &names).await? else {
+            return Err(VolumeError::Busy(busy));
+        };
+        let record = match standing(&self.store, &lease).await? {
+            Standing::Live { host: Some(r), .. } => r,
+            _ => return Err(VolumeError::Busy(busy)),
+        };
+        let standby = Arc::new(self.new_standby(name, lease.describe(), record).await?);
+        self.standbys
+            .lock()
+            .insert(name.to_string(), Arc::downgrade(&standby));
+        Ok(Export::Standby(standby))
+    }
+
+    fn standby_of(&self, name: &str) -> Option<Arc<Standby>> {
+        let mut standbys = self.standbys.lock();
+        standbys.retain(|_, s| s.strong_count() > 0);
+        standbys.get(name).and_then(Weak::upgrade)
+    }
+
+    /// Registers with the holder, then opens the view (after: the view
+    /// then holds at least what the holder uploaded on registering).
+    async fn new_standby(
+        self: &Arc<Self>,
+        name: &str,
+        holder: String,
+        holder_host: HostRecord,
+    ) -> Result<Standby, VolumeError> {
+        let by = crate::ownership::holder_id(&self.config.data_dir)?;
+        let started = Instant::now();
+        let via = self
+            .tell_holder(&holder_host, name, &by, RequestKind::Standby)
+            .await
+            .map_err(|e| match e {
+                VolumeError::Busy(d) => VolumeError::Busy(format!(
+                    "volume {name:?} is held by {holder}; it cannot stand by here: {d}"
+                )),
+                e => e,
+            })?;
+        let m = read_manifest(&self.store, name).await?;
+        let key = self.data_key(&m)?.map(Arc::new);
+        let view = StandbyView::open(self.store.clone(), m, self.caches.clone(), key).await?;
+        tracing::info!(volume = %name, holder = %holder, via, elapsed_ms = started.elapsed().as_millis() as u64, "serving the volume as a standby: reads from the store, the first write takes it over");
+        Ok(Standby {
+            engine: self.clone(),
+            name: name.to_string(),
+            view,
+            holder,
+            holder_host,
+            by,
+            taken: OnceCell::new(),
+            taken_now: Notify::new(),
+        })
+    }
+
+    /// Sends a standby request to the holder whose host is `record` and
+    /// waits for its answer: over its control socket when it is on this
+    /// machine, else through its host record (answered at its next
+    /// renewal). Returns how it went.
+    async fn tell_holder(
+        &self,
+        record: &HostRecord,
+        volume: &str,
+        by: &str,
+        kind: RequestKind,
+    ) -> Result<&'static str, VolumeError> {
+        if let Some(path) = local_control_socket(record) {
+            let on = kind == RequestKind::Standby;
+            let request =
+                serde_json::json!({"op": "standby", "volume": volume, "by": by, "on": on});
+            match control_call(&path, &request).await {
+                Ok(_) => return Ok("control socket"),
+                Err(e) if e.starts_with("the holder refused") => {
+                    return Err(VolumeError::Busy(e));
+                }
+                Err(e) => {
+                    tracing::info!(socket = %path, error = %e, "the holder's control socket did not answer; asking through the store");
+                }
+            }
+        }
+        let sent = send_request_through_store(&self.store, &record.id, volume, by, kind).await?;
+        let Some(at_unix_ms) = sent else {
+            return Err(VolumeError::Busy(format!(
+                "its holder's host {} is no longer alive; try again",
+                record.holder
+            )));
+        };
+        let deadline = Instant::now() + Duration::from_millis(record.ttl_ms);
+        loop {
+            let answered = match read_host_record(&self.store, &record.id).await? {
+                None => true,
+                Some((r, _)) => !r.handover_requests.iter().any(|q| {
+                    q.volume == volume && q.kind == kind && q.by == by && q.at_unix_ms == at_unix_ms
+                }),
+            };
+            if answered {
+                return Ok("store");
+            }
+            if Instant::now() >= deadline {
+                return Err(VolumeError::Busy(format!(
+                    "its holder {} did not answer through the store within {} ms",
+                    record.holder, record.ttl_ms
+                )));
+            }
+            tokio::time::sleep(REGISTRATION_POLL).await;
+        }
+    }
+
+    /// A standby of `volume` registered (`on`) or left (on the holder:
+    /// the control socket's and the store's requests end here).
+    pub async fn standby_request(
+        &self,
+        volume: &str,
+        by: &str,
+        on: bool,
+    ) -> Result<(), VolumeError> {
+        validate_volume_name(volume).map_err(VolumeError::Invalid)?;
+        let Some(vol) = self.served(volume) else {
+            return Err(VolumeError::NotFound(format!(
+                "this server does not hold volume {volume:?}"
+            )));
+        };
+        if on {
+            vol.standby_registered(by).await
+        } else {
+            vol.standby_gone(by);
+            Ok(())
+        }
+    }
+
+    /// Takes volume `name` for this engine (an explicit switchover): its
+    /// standby here takes it, or the engine asks the holder to hand over
+    /// and opens it. Waits at most `timeout`.
+    pub async fn take_volume(
+        self: &Arc<Self>,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<TakeOutcome, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        let started = Instant::now();
+        let outcome = |standby, already_held| TakeOutcome {
+            volume: name.to_string(),
+            standby,
+            already_held,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        };
+        if self.served(name).is_some() {
+            return Ok(outcome(false, true));
+        }
+        if let Some(s) = self.standby_of(name) {
+            s.take(timeout).await?;
+            return Ok(outcome(true, false));
+        }
+        take(self, name, timeout, "").await?;
+        Ok(outcome(false, false))
+    }
+}
+
+/// Opens volume `name`, asking its holder to hand it over while it is
+/// held elsewhere, until `timeout`.
+async fn take(
+    engine: &Engine,
+    name: &str,
+    timeout: Duration,
+    holder: &str,
+) -> Result<Arc<Volume>, VolumeError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let why = match engine.open_volume_to_take(name).await {
+            Ok(v) => return Ok(v),
+            Err(VolumeError::Busy(detail)) => detail,
+            Err(e) => return Err(e),
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(VolumeError::Busy(format!(
+                "volume {name:?}: not handed over within {} ms{holder}: {why}",
+                timeout.as_millis()
+            )));
+        }
+        match engine.request_handover(name, left).await {
+            Ok(_) => {}
+            Err(VolumeError::Busy(d)) => {
+                tracing::info!(volume = %name, reason = %d, "handover not done yet; trying again");
+                tokio::time::sleep(TAKE_RETRY.min(left)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Standby {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The volume once taken.
+    pub fn taken(&self) -> Option<&Arc<Volume>> {
+        self.taken.get()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        match self.taken.get() {
+            Some(v) => v.size_bytes(),
+            None => self.view.size_bytes(),
+        }
+    }
+
+    /// Reads from the volume once taken, from the store until then.
+    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        match self.taken.get() {
+            Some(v) => v.read(offset, buf).await,
+            None => self.view.read(offset, buf).await,
+        }
+    }
+
+    pub fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+    ) -> Result<Vec<(u64, crate::map::Allocation)>, VolumeError> {
+        match self.taken.get() {
+            Some(v) => v.block_status(offset, len, max_extents),
+            None => self.view.block_status(offset, len, max_extents),
+        }
+    }
+
+    /// The volume, for a write, TRIM or FLUSH: taken now (`Auto`), or once
+    /// an explicit take gave it (`Explicit`), waiting at most
+    /// `standby_wait_ms`.
+    pub async fn volume_to_write(&self) -> Result<Arc<Volume>, VolumeError> {
+        if let Some(v) = self.taken.get() {
+            return Ok(v.clone());
+        }
+        let wait = Duration::from_millis(self.engine.config.standby_wait_ms);
+        if self.engine.config.standby == StandbyPolicy::Auto {
+            return self.take(wait).await;
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let woken = self.taken_now.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if let Some(v) = self.taken.get() {
+                return Ok(v.clone());
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return Err(VolumeError::Busy(format!(
+                    "volume {:?}: this server stands by for it (--standby explicit) and was not given it within {} ms; run `strata volume handover {}` on this host at the switchover",
+                    self.name,
+                    wait.as_millis(),
+                    self.name
+                )));
+            }
+        }
+    }
+
+    /// Takes the volume: asks the holder to hand over, opens it.
+    pub async fn take(&self, timeout: Duration) -> Result<Arc<Volume>, VolumeError> {
+        let holder = format!(" by {}", self.holder);
+        let taken = self
+            .taken
+            .get_or_try_init(|| take(&self.engine, &self.name, timeout, &holder))
+            .await?;
+        self.taken_now.notify_waiters();
+        tracing::info!(volume = %self.name, "the standby took the volume over");
+        Ok(taken.clone())
+    }
+}
+
+impl Drop for Standby {
+    /// A standby that never took its volume tells the holder it is gone
+    /// (best effort: the holder leaves standby mode; FLUSH stays correct
+    /// either way, only slower).
+    fn drop(&mut self) {
+        if self.taken.get().is_some() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let engine = self.engine.clone();
+        let (record, volume, by) = (self.holder_host.clone(), self.name.clone(), self.by.clone());
+        rt.spawn(async move {
+            let said = engine
+                .tell_holder(&record, &volume, &by, RequestKind::StandbyGone)
+                .await;
+            if let Err(e) = said {
+                tracing::info!(volume = %volume, error = %e, "could not tell the holder this standby is gone");
+            }
+        });
+    }
+}

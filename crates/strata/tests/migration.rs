@@ -1,0 +1,394 @@
+//! Live migration over NBD (issue 42): a running VM moves between two
+//! hosts' strata servers and its disk follows.
+//!
+//! Two `strata serve` (separate data dirs: two hosts) on one MinIO, both
+//! serving every volume of the store with the default `--standby auto`.
+//! The guest (TCG; Debian's kernel, a busybox root filesystem on the
+//! volume, virtio-blk over QEMU's NBD client) writes 1 MiB files with
+//! fsync, records their checksums, drops its page cache and verifies every
+//! file, round after round, with a second writer keeping requests in
+//! flight. It is migrated 10 times back and forth (QMP `migrate` over a
+//! unix socket to a QEMU started with `-incoming defer` on the other
+//! host, whose disk is that host's strata): even migrations switch over
+//! automatically (the destination's first write takes the volume), odd
+//! ones explicitly (`pause-before-switchover`; at the `pre-switchover`
+//! pause `strata volume handover vm` runs on the destination's data dir,
+//! then `migrate-continue`). Every migration must complete, the guest
+//! complete two more rounds on its new host, its console show no FAIL and
+//! no kernel I/O error; at the end a final verification of every file,
+//! `strata fsck` of the volume and `e2fsck -fn` of its export are clean.
+//!
+//! Each migration's storage switchover (the destination's first write
+//! served after the source's last) is in the servers' logs; timings belong
+//! to the bench harness (`scripts/bench --workloads migrate`), not here.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::guest::*;
+use common::qmp::Qmp;
+use common::*;
+use serde_json::json;
+
+const ROOT_SIZE_BYTES: u64 = 128 * MIB;
+const MIGRATIONS: usize = 10;
+/// A migration of the 256 MiB guest over a unix socket (TCG, busy host).
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The guest's /sbin/init (as qemu_guest.rs's).
+const GUEST_INIT: &str = r#"#!/bin/sh
+# The guest of crates/strata/tests/migration.rs: writes and verifies files
+# until the host writes "stop" on the second serial port.
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+mount -o remount,rw /
+say() { echo "STRATA-TEST $*"; }
+fail() { echo "STRATA-TEST FAIL $*"; }
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+exec 3</dev/ttyS1
+mkdir -p /data
+verify() {
+    echo 3 > /proc/sys/vm/drop_caches
+    for sum in /data/*.md5; do
+        [ -e "$sum" ] || continue
+        (cd /data && md5sum -c -s "${sum##*/}") || fail "verify ${sum##*/} at $1"
+    done
+}
+say booted
+(
+    j=0
+    while :; do
+        j=$((j+1))
+        dd if=/dev/urandom of=/data/load bs=64k count=16 conv=fsync 2>/dev/null \
+            || fail "background write $j"
+    done
+) &
+load=$!
+i=0
+while :; do
+    i=$((i+1))
+    slot=$((i % 12))
+    dd if=/dev/urandom of=/data/f$slot bs=64k count=16 conv=fsync 2>/tmp/dd.err \
+        || { fail "write f$slot round $i"; cat /tmp/dd.err; }
+    (cd /data && md5sum f$slot > f$slot.new && mv f$slot.new f$slot.md5) \
+        || fail "checksum f$slot round $i"
+    sync || fail "sync round $i"
+    verify "round $i"
+    grep -q ' / ext4 ro' /proc/mounts && fail "root filesystem read-only at round $i"
+    say "round $i ok"
+    if read -t 1 cmd <&3; then
+        case "$cmd" in stop*) break;; esac
+    fi
+done
+kill $load
+wait $load 2>/dev/null
+verify final
+sync
+errors=$(dmesg | grep -ciE 'KERNEL_ERROR_PATTERN')
+say "kernel-errors $errors"
+dmesg | grep -iE 'KERNEL_ERROR_PATTERN'
+mount -o remount,ro / || fail "remount read-only"
+say done
+poweroff -f
+"#;
+
+/// One QEMU process of the migrating VM.
+struct Vm {
+    qemu: BgProcess,
+    qmp: Qmp,
+    console: PathBuf,
+    control: PathBuf,
+    name: String,
+}
+
+impl Vm {
+    /// QEMU with its disk on the strata server at `disk_socket`; waiting
+    /// for an incoming migration if `incoming`.
+    fn start(boot: &GuestBoot, dir: &Path, name: &str, disk_socket: &Path, incoming: bool) -> Vm {
+        let dir = dir.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let console = dir.join("console.log");
+        let control = dir.join("control.sock");
+        let qmp_path = dir.join("qmp.sock");
+        let blockdev = format!(
+            "driver=nbd,node-name=disk0,server.type=unix,server.path={},export=vm,\
+             reconnect-delay=60,cache.direct=on",
+            disk_socket.display()
+        );
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(["-machine", "q35,accel=tcg", "-m", "256", "-smp", "1"])
+            .args(["-nodefaults", "-display", "none", "-no-reboot"])
+            .args([
+                "-blockdev",
+                &blockdev,
+                "-device",
+                "virtio-blk-pci,drive=disk0",
+            ])
+            .arg("-kernel")
+            .arg(&boot.kernel)
+            .arg("-initrd")
+            .arg(&boot.initrd)
+            .args([
+                "-append",
+                "console=ttyS0 root=/dev/vda rw init=/sbin/init panic=-1",
+            ])
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=control,path={},server=on,wait=off",
+                control.display()
+            ))
+            .args(["-serial", "chardev:control"])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp_path.display()));
+        if incoming {
+            cmd.args(["-incoming", "defer"]);
+        }
+        let mut qemu = BgProcess::spawn(name, &mut cmd);
+        let qmp = match Qmp::connect(&qmp_path, Duration::from_secs(30)) {
+            Ok(q) => q,
+            Err(e) => {
+                thread::sleep(Duration::from_millis(200));
+                let status = qemu.try_status();
+                panic!("{name}: {e} (QEMU {status:?}): {}", qemu.stderr());
+            }
+        };
+        Vm {
+            qemu,
+            qmp,
+            console,
+            control,
+            name: name.to_string(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    fn fail(&self, why: &str) -> ! {
+        let log = self.log();
+        let kept = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("migration-console.log");
+        let _ = std::fs::write(&kept, &log);
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        panic!(
+            "{why}\n{} console (kept at {}), its end:\n{}\nQEMU stderr:\n{}",
+            self.name,
+            kept.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            self.qemu.stderr()
+        );
+    }
+
+    /// Fails on a FAIL line or a kernel error in the console.
+    fn check(&self) {
+        let log = self.log();
+        if let Some(line) = log.lines().find(|l| l.contains("STRATA-TEST FAIL")) {
+            self.fail(&format!("the guest failed: {line}"));
+        }
+        let errors: Vec<&str> = KERNEL_ERROR_PATTERN.split('|').collect();
+        if let Some(line) = log
+            .lines()
+            .find(|l| !l.contains("STRATA-TEST") && errors.iter().any(|e| l.contains(e)))
+        {
+            self.fail(&format!("the guest's kernel reported an error: {line}"));
+        }
+    }
+
+    /// Waits until this QEMU's console shows round `round` done.
+    fn wait_round(&self, round: u64, timeout: Duration, what: &str) -> u64 {
+        let t0 = Instant::now();
+        loop {
+            self.check();
+            let last = Guest::last_round(&self.log());
+            if last >= round {
+                return last;
+            }
+            if t0.elapsed() > timeout {
+                self.fail(&format!(
+                    "{what}: round {round} not done within {timeout:?}"
+                ));
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn status(&mut self) -> String {
+        let s = self.qmp.execute("query-status", json!({})).unwrap();
+        s["status"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// What decides the switchover of one migration.
+#[derive(Debug, Clone, Copy)]
+enum Switchover {
+    /// The destination's first write takes the volume.
+    Automatic,
+    /// `strata volume handover vm` on the destination at QEMU's
+    /// pre-switchover pause.
+    Explicit,
+}
+
+/// Migrates `src` to a new QEMU on `dest` (the destination server);
+/// returns the destination VM once the migration completed and it runs.
+fn migrate(
+    boot: &GuestBoot,
+    dir: &Path,
+    n: usize,
+    src: &mut Vm,
+    dest: &Server,
+    how: Switchover,
+) -> Vm {
+    let mut to = Vm::start(boot, dir, &format!("vm{n}"), &dest.socket, true);
+    let uri = format!("unix:{}", dir.join(format!("mig{n}.sock")).display());
+    to.qmp
+        .execute("migrate-incoming", json!({ "uri": uri }))
+        .unwrap_or_else(|e| to.fail(&e));
+    let explicit = matches!(how, Switchover::Explicit);
+    src.qmp
+        .execute(
+            "migrate-set-capabilities",
+            json!({"capabilities": [{"capability": "pause-before-switchover", "state": explicit}]}),
+        )
+        .unwrap_or_else(|e| src.fail(&e));
+    let t0 = Instant::now();
+    src.qmp
+        .execute("migrate", json!({ "uri": uri }))
+        .unwrap_or_else(|e| src.fail(&e));
+    let mut handed = false;
+    loop {
+        let q = src
+            .qmp
+            .execute("query-migrate", json!({}))
+            .unwrap_or_else(|e| src.fail(&e));
+        let status = q["status"].as_str().unwrap_or_default().to_string();
+        match status.as_str() {
+            "completed" => break,
+            "failed" | "cancelled" => src.fail(&format!(
+                "migration {n} {status}: {}",
+                q["error-desc"].as_str().unwrap_or("")
+            )),
+            "pre-switchover" if !handed => {
+                let out = dest.cli(&["volume", "handover", "vm", "--json"]);
+                assert!(
+                    out.status.success(),
+                    "migration {n}: `volume handover` on the destination failed: {}",
+                    stderr_str(&out)
+                );
+                eprintln!(
+                    "[migration {n}] explicit handover: {}",
+                    stdout_str(&out).replace('\n', " ")
+                );
+                handed = true;
+                src.qmp
+                    .execute("migrate-continue", json!({"state": "pre-switchover"}))
+                    .unwrap_or_else(|e| src.fail(&e));
+            }
+            _ => {}
+        }
+        if t0.elapsed() > MIGRATION_TIMEOUT {
+            src.fail(&format!(
+                "migration {n} not completed in {MIGRATION_TIMEOUT:?}: {q}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !explicit || handed,
+        "migration {n} never paused before the switchover"
+    );
+    let took = t0.elapsed();
+    let t1 = Instant::now();
+    while to.status() != "running" {
+        if t1.elapsed() > Duration::from_secs(30) {
+            to.fail(&format!(
+                "migration {n} completed but the destination is not running"
+            ));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("[migration {n}] {how:?} switchover: completed in {took:.1?}");
+    let _ = src.qmp.execute("quit", json!({}));
+    src.qemu.wait(Duration::from_secs(60));
+    to
+}
+
+#[test]
+fn a_running_vm_migrates_ten_times_between_two_hosts() {
+    let _serial = serial();
+    require_tools(&["qemu-system-x86_64", "mkfs.ext4", "e2fsck", "busybox"]);
+    let boot = GuestBoot::find();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let dir = tmp.path();
+    let store = S3Store::on_shared("migration");
+    let target = Target::strata_s3(&store, &[]);
+    let image = make_root_image(dir, GUEST_INIT, ROOT_SIZE_BYTES);
+    let mut hosts = [
+        Server::new_stopped(&dir.join("host-a"), target.clone()),
+        Server::new_stopped(&dir.join("host-b"), target.clone()),
+    ];
+    hosts[0].cli_ok(&["volume", "import", image.to_str().unwrap(), "vm"]);
+    for h in &mut hosts {
+        h.start_again();
+    }
+
+    let mut vm = Vm::start(&boot, dir, "vm0", &hosts[0].socket, false);
+    let mut round = vm.wait_round(1, BOOT_TIMEOUT, "boot");
+    for n in 1..=MIGRATIONS {
+        let how = if n % 2 == 0 {
+            Switchover::Automatic
+        } else {
+            Switchover::Explicit
+        };
+        let dest = &hosts[n % 2];
+        vm = migrate(&boot, dir, n, &mut vm, dest, how);
+        round = vm.wait_round(
+            round + ROUNDS_PER_EVENT,
+            ROUNDS_TIMEOUT,
+            &format!("after migration {n}"),
+        );
+        eprintln!("[migration {n}] guest at round {round} on host {}", n % 2);
+        for h in &mut hosts {
+            h.assert_alive();
+        }
+    }
+
+    // The guest stops: final verification, power-off.
+    let mut control = UnixStream::connect(&vm.control).unwrap();
+    control.write_all(b"stop\n").unwrap();
+    let status = vm.qemu.wait(ROUNDS_TIMEOUT);
+    vm.check();
+    let log = vm.log();
+    assert!(
+        log.contains("STRATA-TEST kernel-errors 0") && log.contains("STRATA-TEST done"),
+        "the guest did not finish cleanly ({status}):\n{}",
+        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+    );
+    for h in &mut hosts {
+        h.stop();
+    }
+    let fsck = hosts[0].cli_ok(&["fsck", "vm"]);
+    eprintln!("fsck: {}", fsck.lines().last().unwrap_or(""));
+    let exported = dir.join("exported.img");
+    hosts[0].cli_ok(&["volume", "export", "vm", exported.to_str().unwrap()]);
+    let out = run_timeout(
+        Command::new("e2fsck").arg("-fn").arg(&exported),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "e2fsck -fn after {MIGRATIONS} migrations: {}\n{}",
+        stdout_str(&out),
+        stderr_str(&out)
+    );
+}

@@ -1,0 +1,211 @@
+//! Standby exports (issue 42), at the protocol level on MinIO: a server
+//! serves a volume another live server holds (a live migration's
+//! destination), and takes it over when told to write.
+//!
+//! (a) A holds `vol` and is written through one NBD connection held open;
+//!     B (another data dir) is connected to `vol` too and becomes its
+//!     standby: it reads what A had FLUSHed before B connected, and what A
+//!     FLUSHes after (A uploads on every FLUSH while a standby exists: with
+//!     A's default local durability the data would otherwise stay in A's
+//!     journal); B's reads take nothing from A (A goes on writing). A third
+//!     server C is refused as a second standby, saying so. B's first write
+//!     takes the volume over: B then reads every write A acknowledged
+//!     (FLUSHed or not: A's handover uploads its journal), A's next write
+//!     fails, and A's `volume info` names B.
+//! (b) Policies: a server with `--standby explicit --standby-wait-ms 2000`
+//!     accepts the client, but its write waits 2 s and fails saying to run
+//!     `strata volume handover` while A keeps the volume and writes; when
+//!     its client disconnects, A logs that the standby is gone (the
+//!     migration was cancelled); `strata volume handover vol` run on its
+//!     data dir (its server running) takes the volume, and its next client
+//!     writes at once. A server with `--standby off` refuses the client,
+//!     naming the holder.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::nbd_session::NbdSession;
+use common::*;
+
+const VOL: u64 = 64 * MIB;
+const K64: u64 = 64 * KIB;
+
+fn wait_log(server: &Server, needle: &str, timeout: Duration) {
+    let t0 = Instant::now();
+    while !server.stderr().contains(needle) {
+        assert!(
+            t0.elapsed() < timeout,
+            "no {needle:?} in the server's log within {timeout:?}:\n{}",
+            server.stderr()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_standby_reads_what_its_holder_flushed_and_takes_over_at_its_first_write() {
+    let _serial = serial();
+    let t = Instant::now();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("standby");
+    let target = Target::strata_s3(&store, &[]);
+    let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
+    let mut b = Server::start(&tmp.path().join("b"), target.clone(), &[]);
+    let mut s = NbdSession::start();
+    s.ok(&format!("open a {}", a.vol_uri()));
+    s.ok(&format!("write a 0 65 {K64} 0"));
+    s.ok("flush a");
+
+    s.ok(&format!("open b {}", b.uri("vol")));
+    wait_log(
+        &b,
+        "serving the volume as a standby",
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        s.fill("b", 0, K64),
+        65,
+        "the standby does not read what A flushed before"
+    );
+    s.ok(&format!("write a {MIB} 66 {K64} 0"));
+    s.ok("flush a");
+    assert_eq!(
+        s.fill("b", MIB, K64),
+        66,
+        "the standby does not read what A flushed while it stood by"
+    );
+    s.ok(&format!("write a {} 67 4096 0", 2 * MIB));
+    // B's reads took nothing: A still writes (FUA).
+    s.ok(&format!("write a {} 68 4096 1", 3 * MIB));
+
+    // A second standby is refused, saying why.
+    let c = Server::start(&tmp.path().join("c"), target.clone(), &[]);
+    let reply = s.cmd(&format!("open c {}", c.uri("vol")));
+    assert!(
+        reply.starts_with("err"),
+        "a second standby was accepted: {reply}"
+    );
+    wait_log(&c, "already has a standby", Duration::from_secs(5));
+
+    // B's first write takes the volume.
+    let took = Instant::now();
+    s.ok(&format!("write b {} 69 4096 1", 4 * MIB));
+    eprintln!(
+        "the standby's first write took the volume in {:.1?}",
+        took.elapsed()
+    );
+    for (offset, len, byte) in [
+        (0, K64, 65),
+        (MIB, K64, 66),
+        (2 * MIB, 4096, 67),
+        (3 * MIB, 4096, 68),
+        (4 * MIB, 4096, 69),
+    ] {
+        assert_eq!(
+            s.fill("b", offset, len),
+            byte,
+            "B at {offset} after taking over"
+        );
+    }
+    let reply = s.cmd(&format!("write a {} 70 4096 0", 5 * MIB));
+    assert!(
+        reply.starts_with("err"),
+        "A still wrote after B took the volume: {reply}"
+    );
+    let info = a.cli_ok(&["volume", "info", "vol", "--json"]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let b_data = std::fs::canonicalize(b.data_dir()).unwrap();
+    assert!(
+        info["served_by"]
+            .as_str()
+            .is_some_and(|h| h.contains(&b_data.display().to_string())),
+        "A's volume info after the takeover: {info}"
+    );
+    drop(s);
+    drop(c);
+    b.stop();
+    a.stop();
+    eprintln!("standby takeover: {:.1?}", t.elapsed());
+}
+
+#[test]
+fn standby_policies_explicit_and_off_and_the_wait_bound() {
+    let _serial = serial();
+    let t = Instant::now();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("standby-policy");
+    let target = Target::strata_s3(&store, &[]);
+    let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
+    let explicit =
+        target
+            .clone()
+            .with_args(&["--standby", "explicit", "--standby-wait-ms", "2000"]);
+    let mut d = Server::start(&tmp.path().join("d"), explicit, &[]);
+    let mut s = NbdSession::start();
+    s.ok(&format!("open a {}", a.vol_uri()));
+    s.ok("write a 0 65 4096 1");
+
+    s.ok(&format!("open d {}", d.uri("vol")));
+    let asked = Instant::now();
+    let reply = s.cmd("write d 4096 66 4096 1");
+    let waited = asked.elapsed();
+    assert!(
+        reply.starts_with("err"),
+        "an explicit standby wrote untold: {reply}"
+    );
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(30),
+        "the explicit standby's write failed after {waited:?}, not after its 2 s bound"
+    );
+    wait_log(
+        &d,
+        "was not given it within 2000 ms",
+        Duration::from_secs(5),
+    );
+    s.ok("write a 8192 67 4096 1");
+    assert_eq!(
+        s.fill("a", 8192, 4096),
+        67,
+        "A lost the volume to a standby that only waited"
+    );
+
+    // The standby's client goes: the migration was cancelled.
+    s.ok("close d");
+    wait_log(&a, "the standby is gone", Duration::from_secs(10));
+
+    // An explicit take on D's host.
+    let out = d.cli(&["volume", "handover", "vol", "--json"]);
+    assert!(
+        out.status.success(),
+        "explicit take failed: {}",
+        stderr_str(&out)
+    );
+    eprintln!("explicit take: {}", stdout_str(&out).replace('\n', " "));
+    s.ok(&format!("open d2 {}", d.uri("vol")));
+    s.ok("write d2 12288 68 4096 1");
+    assert_eq!(s.fill("d2", 0, 4096), 65);
+    assert_eq!(s.fill("d2", 8192, 4096), 67);
+    let reply = s.cmd("write a 16384 69 4096 0");
+    assert!(
+        reply.starts_with("err"),
+        "A wrote after the explicit take: {reply}"
+    );
+
+    // --standby off: refused, naming the holder.
+    let off = target.clone().with_args(&["--standby", "off"]);
+    let e = Server::start(&tmp.path().join("e"), off, &[]);
+    let reply = s.cmd(&format!("open e {}", e.uri("vol")));
+    assert!(
+        reply.starts_with("err"),
+        "--standby off served the volume: {reply}"
+    );
+    wait_log(&e, "is being served by", Duration::from_secs(5));
+    drop(s);
+    drop(e);
+    d.stop();
+    a.stop();
+    eprintln!("standby policies: {:.1?}", t.elapsed());
+}
