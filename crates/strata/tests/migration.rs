@@ -1,10 +1,11 @@
-//! Live migration over NBD (issue 42): a running VM moves between two
-//! hosts' strata servers and its disk follows.
+//! Live migration (issue 42): a running VM moves between two hosts'
+//! strata servers and its disk follows, over NBD and over vhost-user-blk.
 //!
 //! Two `strata serve` (separate data dirs: two hosts) on one MinIO, both
 //! serving every volume of the store with the default `--standby auto`.
 //! The guest (TCG; Debian's kernel, a busybox root filesystem on the
-//! volume, virtio-blk over QEMU's NBD client) writes 1 MiB files with
+//! volume, virtio-blk over QEMU's NBD client, or vhost-user-blk with the
+//! guest's memory in a shared memfd) writes 1 MiB files with
 //! fsync, records their checksums, drops its page cache and verifies every
 //! file, round after round, with a second writer keeping requests in
 //! flight. It is migrated 10 times back and forth (QMP `migrate` over a
@@ -101,6 +102,24 @@ say done
 poweroff -f
 "#;
 
+/// How the VM's disk reaches strata.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Disk {
+    /// virtio-blk over QEMU's NBD client.
+    Nbd,
+    /// vhost-user-blk (the guest's memory shared with strata: memfd).
+    VhostUser,
+}
+
+/// The socket of the VM's disk on `host` (served by `--vhost-user-socket`
+/// for vhost-user).
+fn disk_socket(host: &Server, disk: Disk) -> PathBuf {
+    match disk {
+        Disk::Nbd => host.socket.clone(),
+        Disk::VhostUser => host.dir.join("vm-vhost.sock"),
+    }
+}
+
 /// One QEMU process of the migrating VM.
 struct Vm {
     qemu: BgProcess,
@@ -113,27 +132,46 @@ struct Vm {
 impl Vm {
     /// QEMU with its disk on the strata server at `disk_socket`; waiting
     /// for an incoming migration if `incoming`.
-    fn start(boot: &GuestBoot, dir: &Path, name: &str, disk_socket: &Path, incoming: bool) -> Vm {
+    fn start(
+        boot: &GuestBoot,
+        dir: &Path,
+        name: &str,
+        (disk, disk_socket): (Disk, &Path),
+        incoming: bool,
+    ) -> Vm {
         let dir = dir.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let console = dir.join("console.log");
         let control = dir.join("control.sock");
         let qmp_path = dir.join("qmp.sock");
-        let blockdev = format!(
-            "driver=nbd,node-name=disk0,server.type=unix,server.path={},export=vm,\
-             reconnect-delay=60,cache.direct=on",
-            disk_socket.display()
-        );
         let mut cmd = Command::new("qemu-system-x86_64");
         cmd.args(["-machine", "q35,accel=tcg", "-m", "256", "-smp", "1"])
-            .args(["-nodefaults", "-display", "none", "-no-reboot"])
-            .args([
-                "-blockdev",
-                &blockdev,
-                "-device",
-                "virtio-blk-pci,drive=disk0",
-            ])
-            .arg("-kernel")
+            .args(["-nodefaults", "-display", "none", "-no-reboot"]);
+        match disk {
+            Disk::Nbd => {
+                let blockdev = format!(
+                    "driver=nbd,node-name=disk0,server.type=unix,server.path={},export=vm,\
+                     reconnect-delay=60,cache.direct=on",
+                    disk_socket.display()
+                );
+                cmd.args([
+                    "-blockdev",
+                    &blockdev,
+                    "-device",
+                    "virtio-blk-pci,drive=disk0",
+                ]);
+            }
+            Disk::VhostUser => {
+                cmd.args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
+                    .args(["-numa", "node,memdev=mem", "-chardev"])
+                    .arg(format!(
+                        "socket,id=c0,path={},reconnect=1",
+                        disk_socket.display()
+                    ))
+                    .args(["-device", "vhost-user-blk-pci,chardev=c0,num-queues=1"]);
+            }
+        }
+        cmd.arg("-kernel")
             .arg(&boot.kernel)
             .arg("-initrd")
             .arg(&boot.initrd)
@@ -246,10 +284,11 @@ fn migrate(
     dir: &Path,
     n: usize,
     src: &mut Vm,
-    dest: &Server,
+    (dest, disk): (&Server, Disk),
     how: Switchover,
 ) -> Vm {
-    let mut to = Vm::start(boot, dir, &format!("vm{n}"), &dest.socket, true);
+    let socket = disk_socket(dest, disk);
+    let mut to = Vm::start(boot, dir, &format!("vm{n}"), (disk, &socket), true);
     let uri = format!("unix:{}", dir.join(format!("mig{n}.sock")).display());
     to.qmp
         .execute("migrate-incoming", json!({ "uri": uri }))
@@ -324,25 +363,35 @@ fn migrate(
 }
 
 #[test]
-fn a_running_vm_migrates_ten_times_between_two_hosts() {
+fn a_running_vm_migrates_ten_times_between_two_hosts_over_nbd() {
+    migrates_ten_times(Disk::Nbd);
+}
+
+#[test]
+fn a_running_vm_migrates_ten_times_between_two_hosts_over_vhost_user_blk() {
+    migrates_ten_times(Disk::VhostUser);
+}
+
+fn migrates_ten_times(disk: Disk) {
     let _serial = serial();
     require_tools(&["qemu-system-x86_64", "mkfs.ext4", "e2fsck", "busybox"]);
     let boot = GuestBoot::find();
     let tmp = tempfile::TempDir::new().unwrap();
     let dir = tmp.path();
     let store = S3Store::on_shared("migration");
-    let target = Target::strata_s3(&store, &[]);
     let image = make_root_image(dir, GUEST_INIT, ROOT_SIZE_BYTES);
-    let mut hosts = [
-        Server::new_stopped(&dir.join("host-a"), target.clone()),
-        Server::new_stopped(&dir.join("host-b"), target.clone()),
-    ];
+    let mut hosts = ["host-a", "host-b"].map(|h| {
+        let vhost = format!("vm={}", dir.join(h).join("vm-vhost.sock").display());
+        let target = Target::strata_s3(&store, &["--vhost-user-socket", &vhost]);
+        Server::new_stopped(&dir.join(h), target)
+    });
     hosts[0].cli_ok(&["volume", "import", image.to_str().unwrap(), "vm"]);
     for h in &mut hosts {
         h.start_again();
     }
 
-    let mut vm = Vm::start(&boot, dir, "vm0", &hosts[0].socket, false);
+    let socket = disk_socket(&hosts[0], disk);
+    let mut vm = Vm::start(&boot, dir, "vm0", (disk, &socket), false);
     let mut round = vm.wait_round(1, BOOT_TIMEOUT, "boot");
     for n in 1..=MIGRATIONS {
         let how = if n % 2 == 0 {
@@ -351,7 +400,7 @@ fn a_running_vm_migrates_ten_times_between_two_hosts() {
             Switchover::Explicit
         };
         let dest = &hosts[n % 2];
-        vm = migrate(&boot, dir, n, &mut vm, dest, how);
+        vm = migrate(&boot, dir, n, &mut vm, (dest, disk), how);
         round = vm.wait_round(
             round + ROUNDS_PER_EVENT,
             ROUNDS_TIMEOUT,
@@ -374,6 +423,16 @@ fn a_running_vm_migrates_ten_times_between_two_hosts() {
         "the guest did not finish cleanly ({status}):\n{}",
         log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
     );
+    // Each host's standby took the volume at each migration to it, and
+    // each handed it over at each migration away.
+    for (i, h) in hosts.iter().enumerate() {
+        let log = h.stderr();
+        let took = log.matches("the standby took the volume over").count();
+        let handed = log.matches("volume handed over on request").count();
+        let to_here = MIGRATIONS / 2;
+        assert_eq!(took, to_here, "host {i}: standby takeovers ({disk:?})");
+        assert_eq!(handed, to_here, "host {i}: handovers ({disk:?})");
+    }
     for h in &mut hosts {
         h.stop();
     }

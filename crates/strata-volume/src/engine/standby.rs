@@ -361,10 +361,15 @@ impl Standby {
         let holder = format!(" by {}", self.holder);
         let taken = self
             .taken
-            .get_or_try_init(|| take(&self.engine, &self.name, timeout, &holder))
+            .get_or_try_init(|| async {
+                let started = Instant::now();
+                let v = take(&self.engine, &self.name, timeout, &holder).await?;
+                // Once per standby, however many writes waited for it.
+                tracing::info!(volume = %self.name, elapsed_ms = started.elapsed().as_millis() as u64, "the standby took the volume over");
+                Ok::<_, VolumeError>(v)
+            })
             .await?;
         self.taken_now.notify_waiters();
-        tracing::info!(volume = %self.name, "the standby took the volume over");
         Ok(taken.clone())
     }
 }
