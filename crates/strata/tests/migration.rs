@@ -19,6 +19,10 @@
 //! no kernel I/O error; at the end a final verification of every file,
 //! `strata fsck` of the volume and `e2fsck -fn` of its export are clean.
 //!
+//! A migration cancelled before the switchover (`migrate_cancel`, the
+//! transfer slowed to 1 MiB/s) leaves the volume with its source, which
+//! hears that the standby is gone and serves the guest on with no error.
+//!
 //! Each migration's storage switchover (the destination's first write
 //! served after the source's last) is in the servers' logs; timings belong
 //! to the bench harness (`scripts/bench --workloads migrate`), not here.
@@ -450,4 +454,97 @@ fn migrates_ten_times(disk: Disk) {
         stdout_str(&out),
         stderr_str(&out)
     );
+}
+
+/// A migration cancelled before the switchover leaves the volume with its
+/// source: the destination's standby never wrote, its QEMU quits, the
+/// source hears that the standby is gone and keeps serving the guest,
+/// which goes on with no error.
+#[test]
+fn a_cancelled_migration_leaves_the_volume_with_its_source() {
+    let _serial = serial();
+    require_tools(&["qemu-system-x86_64", "mkfs.ext4", "busybox"]);
+    let boot = GuestBoot::find();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let dir = tmp.path();
+    let store = S3Store::on_shared("migration-cancel");
+    let image = make_root_image(dir, GUEST_INIT, ROOT_SIZE_BYTES);
+    let target = Target::strata_s3(&store, &[]);
+    let mut hosts = ["host-a", "host-b"].map(|h| Server::new_stopped(&dir.join(h), target.clone()));
+    hosts[0].cli_ok(&["volume", "import", image.to_str().unwrap(), "vm"]);
+    for h in &mut hosts {
+        h.start_again();
+    }
+    let socket = disk_socket(&hosts[0], Disk::Nbd);
+    let mut vm = Vm::start(&boot, dir, "vm0", (Disk::Nbd, &socket), false);
+    let round = vm.wait_round(1, BOOT_TIMEOUT, "boot");
+
+    let socket = disk_socket(&hosts[1], Disk::Nbd);
+    let mut to = Vm::start(&boot, dir, "vm1", (Disk::Nbd, &socket), true);
+    let uri = format!("unix:{}", dir.join("mig.sock").display());
+    to.qmp
+        .execute("migrate-incoming", json!({ "uri": uri }))
+        .unwrap_or_else(|e| to.fail(&e));
+    // 1 MiB/s: the 256 MiB guest would take minutes; it is cancelled.
+    vm.qmp
+        .execute("migrate-set-parameters", json!({"max-bandwidth": MIB}))
+        .unwrap_or_else(|e| vm.fail(&e));
+    vm.qmp
+        .execute("migrate", json!({ "uri": uri }))
+        .unwrap_or_else(|e| vm.fail(&e));
+    let t0 = Instant::now();
+    while !hosts[0].stderr().contains("a standby registered") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the destination never stood by"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    thread::sleep(Duration::from_secs(1));
+    let q = vm.qmp.execute("query-migrate", json!({})).unwrap();
+    assert_eq!(q["status"], "active", "{q}");
+    vm.qmp
+        .execute("migrate_cancel", json!({}))
+        .unwrap_or_else(|e| vm.fail(&e));
+    loop {
+        let q = vm.qmp.execute("query-migrate", json!({})).unwrap();
+        if q["status"] == "cancelled" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "not cancelled: {q}");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let _ = to.qmp.execute("quit", json!({}));
+    to.qemu.wait(Duration::from_secs(60));
+    let t1 = Instant::now();
+    while !hosts[0].stderr().contains("the standby is gone") {
+        assert!(
+            t1.elapsed() < Duration::from_secs(20),
+            "the source never heard that its standby is gone"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(vm.status(), "running");
+    vm.wait_round(
+        round + ROUNDS_PER_EVENT,
+        ROUNDS_TIMEOUT,
+        "after the cancelled migration",
+    );
+    let info = hosts[0].cli_ok(&["volume", "info", "vm", "--json"]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let a_data = std::fs::canonicalize(hosts[0].data_dir()).unwrap();
+    assert!(
+        info["served_by"]
+            .as_str()
+            .is_some_and(|h| h.contains(&a_data.display().to_string())),
+        "after the cancelled migration: {info}"
+    );
+    assert!(!hosts[1]
+        .stderr()
+        .contains("the standby took the volume over"));
+    let _ = vm.qmp.execute("quit", json!({}));
+    vm.qemu.wait(Duration::from_secs(60));
+    for h in &mut hosts {
+        h.stop();
+    }
 }

@@ -20,6 +20,9 @@
 //!     data dir (its server running) takes the volume, and its next client
 //!     writes at once. A server with `--standby off` refuses the client,
 //!     naming the holder.
+//! (c) Host loss: the holder is killed (-9) while a standby waits; the
+//!     standby's write takes the volume once the holder's liveness expires,
+//!     with every write the holder acknowledged a FLUSH (or FUA) for.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -208,4 +211,61 @@ fn standby_policies_explicit_and_off_and_the_wait_bound() {
     d.stop();
     a.stop();
     eprintln!("standby policies: {:.1?}", t.elapsed());
+}
+
+/// (c) The holder's host dies while a standby waits: the standby's write
+/// takes the volume once the holder's liveness expires (TTL 3 s), and
+/// every write the holder acknowledged a FLUSH for is there: with a
+/// standby the holder uploads on FLUSH, so even its default local
+/// durability loses nothing FLUSHed.
+#[test]
+fn a_standby_takes_over_from_a_dead_holder_without_losing_a_flushed_write() {
+    let _serial = serial();
+    let t = Instant::now();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("standby-loss");
+    let target = Target::strata_s3(&store, &["--lease-ttl-ms", "3000"]);
+    let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
+    let mut b = Server::start(&tmp.path().join("b"), target.clone(), &[]);
+    let mut s = NbdSession::start();
+    s.ok(&format!("open a {}", a.vol_uri()));
+    s.ok(&format!("write a 0 65 {K64} 0"));
+    s.ok(&format!("open b {}", b.uri("vol")));
+    s.ok(&format!("write a {MIB} 66 {K64} 0"));
+    s.ok("flush a");
+    s.ok(&format!("write a {} 67 4096 1", 2 * MIB));
+    // Written, not flushed: may be lost with A.
+    s.ok(&format!("write a {} 68 4096 0", 3 * MIB));
+    a.kill9();
+    let killed = Instant::now();
+    s.ok(&format!("write b {} 69 4096 1", 4 * MIB));
+    let took = killed.elapsed();
+    eprintln!("the standby took the volume {took:.1?} after its holder was killed (TTL 3 s)");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(20),
+        "the standby took the volume {took:?} after the kill, not once the 3 s liveness expired"
+    );
+    for (offset, len, byte) in [
+        (0, K64, 65),
+        (MIB, K64, 66),
+        (2 * MIB, 4096, 67),
+        (4 * MIB, 4096, 69),
+    ] {
+        assert_eq!(
+            s.fill("b", offset, len),
+            byte,
+            "after the takeover at {offset}"
+        );
+    }
+    let unflushed = s.cmd(&format!("read b {} 4096", 3 * MIB));
+    eprintln!(
+        "A's unflushed write after the takeover: {unflushed} (68 kept, 0 lost: both allowed)"
+    );
+    assert!(
+        unflushed == "fill 68" || unflushed == "fill 0",
+        "{unflushed}"
+    );
+    drop(s);
+    b.stop();
+    eprintln!("standby after host loss: {:.1?}", t.elapsed());
 }
