@@ -162,7 +162,11 @@ impl BlockDevice for NbdVolume {
         let len = data.len() as u64;
         let fail = |e| self.fail("write", offset_bytes, len, e);
         let volume = self.backing.writable().await.map_err(fail)?;
-        volume.write(offset_bytes, data, fua).await.map_err(fail)
+        volume.write(offset_bytes, data, fua).await.map_err(fail)?;
+        if let Backing::Standby(s) = &self.backing {
+            s.write_served();
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> io::Result<()> {

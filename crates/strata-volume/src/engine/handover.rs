@@ -86,7 +86,11 @@ impl Engine {
         let bytes_uploaded = uploaded().saturating_sub(before);
         self.open.lock().remove(name);
         closed?;
-        tracing::info!(volume = %name, bytes_uploaded, elapsed_ms = started.elapsed().as_millis() as u64, "volume handed over on request");
+        let last_flush_unix_ms = vol
+            .last_flush_unix_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let released_unix_ms = crate::clock::now_ms();
+        tracing::info!(volume = %name, bytes_uploaded, elapsed_ms = started.elapsed().as_millis() as u64, last_flush_unix_ms, released_unix_ms, "volume handed over on request");
         Ok(HandoverReport {
             volume: name.to_string(),
             was_open: true,

@@ -68,6 +68,8 @@ pub struct Standby {
     taken: OnceCell<Arc<Volume>>,
     /// Woken when `taken` is set (explicit mode's waiting writes).
     taken_now: Notify,
+    /// Whether the first write served after the take was logged.
+    first_write_logged: std::sync::atomic::AtomicBool,
 }
 
 /// What an explicit take did (`strata volume handover` on the taking host).
@@ -150,6 +152,7 @@ impl Engine {
             by,
             taken: OnceCell::new(),
             taken_now: Notify::new(),
+            first_write_logged: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -353,6 +356,17 @@ impl Standby {
                     self.name
                 )));
             }
+        }
+    }
+
+    /// A write through the taken volume was answered: the first is logged
+    /// with the wall clock (the storage part of a migration's downtime
+    /// ends there; the old holder logged its last FLUSH's).
+    pub fn write_served(&self) {
+        use std::sync::atomic::Ordering;
+        if self.taken.get().is_some() && !self.first_write_logged.swap(true, Ordering::AcqRel) {
+            let unix_ms = crate::clock::now_ms();
+            tracing::info!(volume = %self.name, first_write_unix_ms = unix_ms, "first write served after the takeover");
         }
     }
 

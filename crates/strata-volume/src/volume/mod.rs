@@ -208,6 +208,9 @@ pub struct Volume {
     /// Set once `close` stored everything and released the lease: a FLUSH
     /// after it has nothing left to make durable.
     pub(crate) closed_cleanly: AtomicBool,
+    /// Wall clock (ms) of the last FLUSH answered: a handover logs it (the
+    /// storage part of a live migration's downtime starts there).
+    pub(crate) last_flush_unix_ms: AtomicU64,
 }
 
 impl std::fmt::Debug for Volume {

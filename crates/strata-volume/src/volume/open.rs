@@ -123,6 +123,7 @@ impl Volume {
             qos: crate::qos::VolumeQos::new(qos),
             standby: Default::default(),
             closed_cleanly: AtomicBool::new(false),
+            last_flush_unix_ms: AtomicU64::new(0),
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;

@@ -110,6 +110,8 @@ impl Volume {
             }
             Durability::Remote => self.flush_to_store().await?,
         }
+        self.last_flush_unix_ms
+            .store(crate::clock::now_ms(), Ordering::Relaxed);
         Ok(())
     }
 
