@@ -23,6 +23,10 @@
 //! (c) Host loss: the holder is killed (-9) while a standby waits; the
 //!     standby's write takes the volume once the holder's liveness expires,
 //!     with every write the holder acknowledged a FLUSH (or FUA) for.
+//! (d) Destinations that cannot use the store (wrong credentials, no
+//!     answer) fail in one clear line; the holder keeps the volume.
+//! (e) The holder's GC deletes segments the standby's view had not read:
+//!     the view starts again from the checkpoint and reads the latest data.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -268,4 +272,126 @@ fn a_standby_takes_over_from_a_dead_holder_without_losing_a_flushed_write() {
     drop(s);
     b.stop();
     eprintln!("standby after host loss: {:.1?}", t.elapsed());
+}
+
+/// (d) Destinations that cannot use the store: a server whose credentials
+/// the store refuses, and one whose store does not answer, never become a
+/// standby; each says what is wrong in one line (a client connecting gets
+/// no volume), and the holder keeps the volume and writes.
+#[test]
+fn destinations_that_cannot_use_the_store_are_refused_clearly() {
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("standby-bad");
+    let target = Target::strata_s3(&store, &[]);
+    let mut a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
+    let mut s = NbdSession::start();
+    s.ok(&format!("open a {}", a.vol_uri()));
+    s.ok("write a 0 65 4096 1");
+    let cases = [
+        (
+            "wrong credentials",
+            target
+                .clone()
+                .with_env("AWS_SECRET_ACCESS_KEY", "not-the-secret"),
+            ["credential", "signature", "denied", "forbidden", "403"],
+        ),
+        (
+            "an unreachable store",
+            target
+                .clone()
+                .with_env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+                .with_args(&["--store-attempts", "2"]),
+            ["connect", "reach", "refused", "unreachable", "9"],
+        ),
+    ];
+    for (i, (what, bad, words)) in cases.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("bad{i}"));
+        let said = match Server::try_start(&dir, bad, &[]) {
+            Err((st, stderr)) => {
+                assert!(!st.success(), "{what}: {st}");
+                stderr
+            }
+            Ok(mut server) => {
+                // Started: a client of the volume must get nothing.
+                let reply = s.cmd(&format!("open bad{i} {}", server.uri("vol")));
+                assert!(
+                    reply.starts_with("err"),
+                    "{what}: a client got the volume: {reply}"
+                );
+                thread::sleep(Duration::from_millis(500));
+                let log = server.stderr();
+                server.stop();
+                log
+            }
+        };
+        let last = said
+            .lines()
+            .rev()
+            .find(|l| l.contains("ERROR") || l.contains("error"))
+            .unwrap_or("");
+        eprintln!("{what}: {last}");
+        let lower = last.to_lowercase();
+        assert!(
+            words.iter().any(|w| lower.contains(w)),
+            "{what}: the error does not say what is wrong: {last}\n{said}"
+        );
+    }
+    // The holder never noticed.
+    s.ok("write a 4096 66 4096 1");
+    assert_eq!(s.fill("a", 0, 4096), 65);
+    assert_eq!(s.fill("a", 4096, 4096), 66);
+    a.assert_alive();
+    drop(s);
+    a.stop();
+}
+
+/// (e) The holder's garbage collection under a standby's view: the
+/// standby reads once (its view follows the first segments), the holder
+/// then overwrites one region over 40 FLUSHes (40 segments: checkpoints
+/// pass them) and collects garbage with a short grace (the early segments,
+/// all overwritten, are deleted); the standby's next reads find the next
+/// segment gone, start again from the checkpoint, and read the latest data.
+#[test]
+fn a_standby_follows_its_volume_through_garbage_collection() {
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("standby-gc");
+    let holder = Target::strata_s3(&store, &["--gc-grace-ms", "200"]);
+    let mut a = Server::start(&tmp.path().join("a"), holder, &[("vol", VOL)]);
+    let mut b = Server::start(&tmp.path().join("b"), Target::strata_s3(&store, &[]), &[]);
+    let mut s = NbdSession::start();
+    s.ok(&format!("open a {}", a.vol_uri()));
+    s.ok(&format!("write a 0 1 {K64} 0"));
+    s.ok("flush a");
+    s.ok(&format!("open b {}", b.uri("vol")));
+    assert_eq!(s.fill("b", 0, K64), 1);
+    for round in 2..=41u64 {
+        s.ok(&format!("write a 0 {round} {K64} 0"));
+        s.ok(&format!("write a {} {round} 4096 0", MIB + round * 4096));
+        s.ok("flush a");
+    }
+    let out = a.cli(&["volume", "gc", "vol", "--wait"]);
+    assert!(out.status.success(), "gc: {}", stderr_str(&out));
+    eprintln!(
+        "holder's gc: {}",
+        stdout_str(&out).lines().next().unwrap_or("")
+    );
+    assert_eq!(
+        s.fill("b", 0, K64),
+        41,
+        "the standby's view after the holder's GC"
+    );
+    for round in 2..=41u64 {
+        assert_eq!(s.fill("b", MIB + round * 4096, 4096), round as u8);
+    }
+    let restarts = b.stderr().matches("following the volume again").count();
+    eprintln!("the standby started its view again {restarts} times");
+    assert!(
+        restarts >= 1,
+        "the holder's GC deleted what the standby's view had not read, yet the view never started again"
+    );
+    drop(s);
+    b.stop();
+    a.stop();
 }

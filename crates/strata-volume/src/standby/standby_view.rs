@@ -147,6 +147,7 @@ impl StandbyView {
         let key = self.key.as_deref();
         let new = stored_after(&self.store, &self.names, next_seq, uuid, size, key).await?;
         if new.is_empty() && self.checkpoint_passed(next_seq).await? {
+            tracing::info!(volume = %self.name, next_seq, "segments the standby view had not read were collected; following the volume again from its checkpoint");
             return self.restart_locked(started).await;
         }
         let mut c = self.current.write();
