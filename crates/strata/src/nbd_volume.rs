@@ -219,7 +219,10 @@ impl BlockDevice for NbdVolume {
         let runs = match &self.backing {
             Backing::Volume(v) => v.block_status(offset_bytes, length_bytes, max_extents),
             Backing::Snapshot(s) => s.block_status(offset_bytes, length_bytes, max_extents),
-            Backing::Standby(s) => s.block_status(offset_bytes, length_bytes, max_extents),
+            Backing::Standby(s) => {
+                s.block_status(offset_bytes, length_bytes, max_extents)
+                    .await
+            }
         };
         let runs = runs.map_err(io::Error::from)?;
         Ok(runs

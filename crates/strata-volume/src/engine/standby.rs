@@ -141,7 +141,7 @@ impl Engine {
             })?;
         let m = read_manifest(&self.store, name).await?;
         let key = self.data_key(&m)?.map(Arc::new);
-        let view = StandbyView::open(self.store.clone(), m, self.caches.clone(), key).await?;
+        let view = StandbyView::open(self.store.clone(), &m, self.caches.clone(), key);
         tracing::info!(volume = %name, holder = %holder, via, elapsed_ms = started.elapsed().as_millis() as u64, "serving the volume as a standby: reads from the store, the first write takes it over");
         Ok(Standby {
             engine: self.clone(),
@@ -317,7 +317,7 @@ impl Standby {
         }
     }
 
-    pub fn block_status(
+    pub async fn block_status(
         &self,
         offset: u64,
         len: u64,
@@ -325,7 +325,7 @@ impl Standby {
     ) -> Result<Vec<(u64, crate::map::Allocation)>, VolumeError> {
         match self.taken.get() {
             Some(v) => v.block_status(offset, len, max_extents),
-            None => self.view.block_status(offset, len, max_extents),
+            None => self.view.block_status(offset, len, max_extents).await,
         }
     }
 

@@ -1,11 +1,13 @@
 //! What a standby reads: volume V as its holder stored it, followed.
 //!
-//! The view starts from V's latest checkpoint (or, for a clone without one,
-//! its parent snapshot's map) and applies V's stored segments after it in
-//! sequence order, as recovery does, but writes nothing (a gap is not
-//! "repaired": the holder owns V). Before every read it looks for the next
-//! segment, so a read sees every segment the holder had stored when the
-//! read arrived: with the holder in standby mode (every FLUSH uploads, see
+//! The view is built at its first read (a standby's export opens at once;
+//! QEMU reads nothing before the switchover): V's latest checkpoint (or, for
+//! a clone without one, its parent snapshot's map), then V's stored segments
+//! after it in sequence order, as recovery applies them, but read-only (a
+//! gap is not "repaired": the holder owns V). Before every read it looks for
+//! the segments stored since (`FETCH_BATCH` headers at a time), so a read
+//! sees every segment the holder had stored when the read arrived: with the
+//! holder in standby mode (every FLUSH uploads, see
 //! `volume/standby_mode.rs`) that is every write the holder acknowledged a
 //! FLUSH for. Concurrent reads share one look.
 //!
@@ -32,9 +34,13 @@ use crate::read::SharedCaches;
 use crate::recovery::apply_entries;
 use crate::snapshot::{resolve_lineage, SnapshotView};
 
-/// Most segments applied by one look (a standby far behind catches up
-/// over several reads rather than holding one read for long).
-const MAX_SEGMENTS_PER_LOOK: usize = 4096;
+/// Most segments applied by one look: a sanity bound far above what a
+/// holder stores between two reads.
+const MAX_SEGMENTS_PER_LOOK: usize = 65_536;
+/// Segment headers fetched at once while catching up (a holder in standby
+/// mode stores a small segment per FLUSH: one at a time, a standby 20 ms
+/// from the store would never catch up with a busy one).
+const FETCH_BATCH: u64 = 8;
 
 /// A followed, read-only view of a volume another host holds.
 pub struct StandbyView {
@@ -44,7 +50,10 @@ pub struct StandbyView {
     caches: Arc<SharedCaches>,
     /// The volume's data key (encrypted volumes): fixed for its life.
     key: Option<Arc<Key>>,
-    current: RwLock<Followed>,
+    /// `None` until the first read builds it.
+    current: RwLock<Option<Followed>>,
+    /// The volume's size when the standby opened.
+    size_bytes: u64,
     /// One look at the store at a time; a read that arrives while one runs
     /// waits for it and for no other if it started after the read arrived.
     look: tokio::sync::Mutex<()>,
@@ -67,68 +76,74 @@ impl std::fmt::Debug for StandbyView {
 }
 
 impl StandbyView {
-    /// The view of volume `m.name` as stored now.
-    pub(crate) async fn open(
+    /// The view of volume `m.name`, built at its first read.
+    pub(crate) fn open(
         store: Store,
-        m: Manifest,
+        m: &Manifest,
         caches: Arc<SharedCaches>,
         key: Option<Arc<Key>>,
-    ) -> Result<StandbyView, VolumeError> {
-        let names = ObjectNames::new(&m.name);
-        let followed = start(&store, &names, &m, &caches, key.clone()).await?;
-        let view = StandbyView {
+    ) -> StandbyView {
+        StandbyView {
             name: m.name.clone(),
+            names: ObjectNames::new(&m.name),
             store,
-            names,
             caches,
             key,
-            current: RwLock::new(followed),
+            current: RwLock::new(None),
+            size_bytes: m.size_bytes,
             look: tokio::sync::Mutex::new(()),
-        };
-        Ok(view)
+        }
     }
 
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The volume's size as of the view's manifest.
+    /// The volume's size when the standby opened.
     pub fn size_bytes(&self) -> u64 {
-        self.current.read().size_bytes
+        self.size_bytes
     }
 
-    /// The first segment the view has not applied (for tests and logs).
-    pub fn next_seq(&self) -> u64 {
-        self.current.read().next_seq
+    /// The view's map, built or brought up to date first.
+    async fn current_view(&self, arrived: Instant) -> Result<Arc<SnapshotView>, VolumeError> {
+        self.look(arrived).await?;
+        match self.current.read().as_ref() {
+            Some(c) => Ok(c.view.clone()),
+            None => Err(VolumeError::Invalid(format!(
+                "volume {:?}: the standby's view could not be built",
+                self.name
+            ))),
+        }
     }
 
     /// Reads `buf.len()` bytes at `offset`, as the holder stored them when
     /// the read arrived.
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         let arrived = Instant::now();
-        self.look(arrived).await?;
-        let view = self.current.read().view.clone();
+        let view = self.current_view(arrived).await?;
         match view.read(offset, buf).await {
             Err(e) if is_not_found(&e) => {
                 // Deleted by the holder's GC after the view looked.
                 tracing::info!(volume = %self.name, error = %e, "a segment the standby view read is gone; following the volume again from its checkpoint");
                 self.restart().await?;
-                let view = self.current.read().view.clone();
-                view.read(offset, buf).await
+                self.current_view(Instant::now())
+                    .await?
+                    .read(offset, buf)
+                    .await
             }
             other => other,
         }
     }
 
-    /// Allocation of `[offset, offset+len)` in at most `max_extents` runs
-    /// (as of the view's last look).
-    pub fn block_status(
+    /// Allocation of `[offset, offset+len)` in at most `max_extents` runs,
+    /// as stored when asked.
+    pub async fn block_status(
         &self,
         offset: u64,
         len: u64,
         max_extents: usize,
     ) -> Result<Vec<(u64, Allocation)>, VolumeError> {
-        let view = self.current.read().view.clone();
+        let view = self.current_view(Instant::now()).await?;
         view.block_status(offset, len, max_extents)
     }
 
@@ -137,20 +152,27 @@ impl StandbyView {
     async fn look(&self, arrived: Instant) -> Result<(), VolumeError> {
         let _one = self.look.lock().await;
         let started = Instant::now();
-        let (next_seq, uuid, size) = {
-            let c = self.current.read();
-            if c.looked_at.is_some_and(|t| t >= arrived) {
-                return Ok(());
-            }
-            (c.next_seq, c.uuid, c.size_bytes)
+        let followed = self
+            .current
+            .read()
+            .as_ref()
+            .map(|c| (c.looked_at, c.next_seq, c.uuid, c.size_bytes));
+        let Some((looked_at, next_seq, uuid, size)) = followed else {
+            return self.restart_locked(started).await;
         };
+        if looked_at.is_some_and(|t| t >= arrived) {
+            return Ok(());
+        }
         let key = self.key.as_deref();
         let new = stored_after(&self.store, &self.names, next_seq, uuid, size, key).await?;
         if new.is_empty() && self.checkpoint_passed(next_seq).await? {
             tracing::info!(volume = %self.name, next_seq, "segments the standby view had not read were collected; following the volume again from its checkpoint");
             return self.restart_locked(started).await;
         }
-        let mut c = self.current.write();
+        let mut guard = self.current.write();
+        let Some(c) = guard.as_mut() else {
+            return Ok(());
+        };
         if !new.is_empty() {
             let mut map = c.view.map().clone();
             for (seq, entries) in &new {
@@ -180,7 +202,7 @@ impl StandbyView {
         let key = self.key.clone();
         let mut followed = start(&self.store, &self.names, &m, &self.caches, key).await?;
         followed.looked_at = Some(started);
-        *self.current.write() = followed;
+        *self.current.write() = Some(followed);
         Ok(())
     }
 }
@@ -241,8 +263,8 @@ async fn start(
     })
 }
 
-/// The entries of segments `next_seq`, `next_seq + 1`, ... while stored (at
-/// most `MAX_SEGMENTS_PER_LOOK`).
+/// The entries of segments `next_seq`, `next_seq + 1`, ... while stored
+/// without a gap (at most `MAX_SEGMENTS_PER_LOOK`), `FETCH_BATCH` at once.
 async fn stored_after(
     store: &Store,
     names: &ObjectNames,
@@ -254,12 +276,22 @@ async fn stored_after(
     let mut out = Vec::new();
     let mut seq = next_seq;
     while out.len() < MAX_SEGMENTS_PER_LOOK {
-        match fetch_segment_header(store, names, seq, uuid, size_bytes, key).await {
-            Ok((_, entries)) => out.push((seq, entries)),
-            Err(e) if is_not_found(&e) => break,
-            Err(e) => return Err(e),
+        let batch = (seq..seq + FETCH_BATCH)
+            .map(|s| fetch_segment_header(store, names, s, uuid, size_bytes, key));
+        for (i, fetched) in futures::future::join_all(batch)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match fetched {
+                Ok((_, entries)) => out.push((seq + i as u64, entries)),
+                // The first one missing ends the contiguous run (uploads
+                // run in parallel: a later one may be stored already).
+                Err(e) if is_not_found(&e) => return Ok(out),
+                Err(e) => return Err(e),
+            }
         }
-        seq += 1;
+        seq += FETCH_BATCH;
     }
     Ok(out)
 }
