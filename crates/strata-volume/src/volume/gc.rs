@@ -161,6 +161,14 @@ impl Volume {
                 if vol.gc_should_stop() {
                     return;
                 }
+                if vol.standby.is_on() {
+                    // A standby waits to take the volume (live migration):
+                    // passes would rewrite the small segments standby mode
+                    // makes, and the handover would wait for the pass in
+                    // flight. The next holder collects them.
+                    wait = interval;
+                    continue;
+                }
                 let uploads = vol.segments_uploaded.load(Ordering::Acquire);
                 let sweep = passes.is_multiple_of(SWEEP_EVERY_PASSES) || sweep_next;
                 let busy = vol.background_pass(sweep).await;

@@ -7,7 +7,9 @@
 //! (`--durability remote`), whatever the volume's durability, and the open
 //! segment is sealed and uploaded after at most `STANDBY_SEAL_AGE_MS`, so
 //! what is left to upload at the switchover is at most that much of writes
-//! (plus the write buffer a FLUSH empties anyway). QEMU FLUSHes before it
+//! (plus the write buffer a FLUSH empties anyway). Background garbage
+//! collection pauses meanwhile (`gc.rs`): it would rewrite the small
+//! segments this makes, and a handover waits for a pass in flight. QEMU FLUSHes before it
 //! stops a migrating VM's disks, so every read the VM makes on the
 //! destination sees every write it made here.
 //!
