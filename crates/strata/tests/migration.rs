@@ -47,65 +47,6 @@ const MIGRATIONS: usize = 10;
 /// A migration of the 256 MiB guest over a unix socket (TCG, busy host).
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// The guest's /sbin/init (as qemu_guest.rs's).
-const GUEST_INIT: &str = r#"#!/bin/sh
-# The guest of crates/strata/tests/migration.rs: writes and verifies files
-# until the host writes "stop" on the second serial port.
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mount -o remount,rw /
-say() { echo "STRATA-TEST $*"; }
-fail() { echo "STRATA-TEST FAIL $*"; }
-stty -F /dev/ttyS1 raw -echo 2>/dev/null
-exec 3</dev/ttyS1
-mkdir -p /data
-verify() {
-    echo 3 > /proc/sys/vm/drop_caches
-    for sum in /data/*.md5; do
-        [ -e "$sum" ] || continue
-        (cd /data && md5sum -c -s "${sum##*/}") || fail "verify ${sum##*/} at $1"
-    done
-}
-say booted
-(
-    j=0
-    while :; do
-        j=$((j+1))
-        dd if=/dev/urandom of=/data/load bs=64k count=16 conv=fsync 2>/dev/null \
-            || fail "background write $j"
-    done
-) &
-load=$!
-i=0
-while :; do
-    i=$((i+1))
-    slot=$((i % 12))
-    dd if=/dev/urandom of=/data/f$slot bs=64k count=16 conv=fsync 2>/tmp/dd.err \
-        || { fail "write f$slot round $i"; cat /tmp/dd.err; }
-    (cd /data && md5sum f$slot > f$slot.new && mv f$slot.new f$slot.md5) \
-        || fail "checksum f$slot round $i"
-    sync || fail "sync round $i"
-    verify "round $i"
-    grep -q ' / ext4 ro' /proc/mounts && fail "root filesystem read-only at round $i"
-    say "round $i ok"
-    if read -t 1 cmd <&3; then
-        case "$cmd" in stop*) break;; esac
-    fi
-done
-kill $load
-wait $load 2>/dev/null
-verify final
-sync
-errors=$(dmesg | grep -ciE 'KERNEL_ERROR_PATTERN')
-say "kernel-errors $errors"
-dmesg | grep -iE 'KERNEL_ERROR_PATTERN'
-mount -o remount,ro / || fail "remount read-only"
-say done
-poweroff -f
-"#;
-
 /// How the VM's disk reaches strata.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Disk {
@@ -234,16 +175,8 @@ impl Vm {
 
     /// Fails on a FAIL line or a kernel error in the console.
     fn check(&self) {
-        let log = self.log();
-        if let Some(line) = log.lines().find(|l| l.contains("STRATA-TEST FAIL")) {
-            self.fail(&format!("the guest failed: {line}"));
-        }
-        let errors: Vec<&str> = KERNEL_ERROR_PATTERN.split('|').collect();
-        if let Some(line) = log
-            .lines()
-            .find(|l| !l.contains("STRATA-TEST") && errors.iter().any(|e| l.contains(e)))
-        {
-            self.fail(&format!("the guest's kernel reported an error: {line}"));
+        if let Some(why) = console_error(&self.log(), &[]) {
+            self.fail(&why);
         }
     }
 
@@ -383,7 +316,7 @@ fn migrates_ten_times(disk: Disk) {
     let tmp = tempfile::TempDir::new().unwrap();
     let dir = tmp.path();
     let store = S3Store::on_shared("migration");
-    let image = make_root_image(dir, GUEST_INIT, ROOT_SIZE_BYTES);
+    let image = make_root_image(dir, WRITE_VERIFY_INIT, ROOT_SIZE_BYTES);
     let mut hosts = ["host-a", "host-b"].map(|h| {
         let vhost = format!("vm={}", dir.join(h).join("vm-vhost.sock").display());
         let target = Target::strata_s3(&store, &["--vhost-user-socket", &vhost]);
@@ -468,7 +401,7 @@ fn a_cancelled_migration_leaves_the_volume_with_its_source() {
     let tmp = tempfile::TempDir::new().unwrap();
     let dir = tmp.path();
     let store = S3Store::on_shared("migration-cancel");
-    let image = make_root_image(dir, GUEST_INIT, ROOT_SIZE_BYTES);
+    let image = make_root_image(dir, WRITE_VERIFY_INIT, ROOT_SIZE_BYTES);
     let target = Target::strata_s3(&store, &[]);
     let mut hosts = ["host-a", "host-b"].map(|h| Server::new_stopped(&dir.join(h), target.clone()));
     hosts[0].cli_ok(&["volume", "import", image.to_str().unwrap(), "vm"]);

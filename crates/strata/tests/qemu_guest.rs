@@ -40,66 +40,6 @@ use common::*;
 /// The guest's root filesystem.
 const ROOT_SIZE_BYTES: u64 = 128 * MIB;
 
-/// The guest's /sbin/init.
-const GUEST_INIT: &str = r#"#!/bin/sh
-# The guest of crates/strata/tests/qemu_guest.rs: writes and verifies files
-# until the host writes "stop" on the second serial port.
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
-mount -o remount,rw /
-say() { echo "STRATA-TEST $*"; }
-fail() { echo "STRATA-TEST FAIL $*"; }
-stty -F /dev/ttyS1 raw -echo 2>/dev/null
-exec 3</dev/ttyS1
-mkdir -p /data
-verify() {
-    echo 3 > /proc/sys/vm/drop_caches
-    for sum in /data/*.md5; do
-        [ -e "$sum" ] || continue
-        (cd /data && md5sum -c -s "${sum##*/}") || fail "verify ${sum##*/} at $1"
-    done
-}
-say booted
-# A second writer keeps requests in flight whenever the host acts.
-(
-    j=0
-    while :; do
-        j=$((j+1))
-        dd if=/dev/urandom of=/data/load bs=64k count=16 conv=fsync 2>/dev/null \
-            || fail "background write $j"
-    done
-) &
-load=$!
-i=0
-while :; do
-    i=$((i+1))
-    slot=$((i % 12))
-    dd if=/dev/urandom of=/data/f$slot bs=64k count=16 conv=fsync 2>/tmp/dd.err \
-        || { fail "write f$slot round $i"; cat /tmp/dd.err; }
-    (cd /data && md5sum f$slot > f$slot.new && mv f$slot.new f$slot.md5) \
-        || fail "checksum f$slot round $i"
-    sync || fail "sync round $i"
-    verify "round $i"
-    grep -q ' / ext4 ro' /proc/mounts && fail "root filesystem read-only at round $i"
-    say "round $i ok"
-    if read -t 1 cmd <&3; then
-        case "$cmd" in stop*) break;; esac
-    fi
-done
-kill $load
-wait $load 2>/dev/null
-verify final
-sync
-errors=$(dmesg | grep -ciE 'KERNEL_ERROR_PATTERN')
-say "kernel-errors $errors"
-dmesg | grep -iE 'KERNEL_ERROR_PATTERN'
-mount -o remount,ro / || fail "remount read-only"
-say done
-poweroff -f
-"#;
-
 #[test]
 fn guest_runs_through_restarts_a_kill_and_a_move() {
     let _serial = serial();
@@ -113,7 +53,7 @@ fn guest_runs_through_restarts_a_kill_and_a_move() {
     let boot = GuestBoot::find();
     let tmp = tempfile::TempDir::new().unwrap();
     let dir = tmp.path();
-    let image = make_root_image(dir, GUEST_INIT, ROOT_SIZE_BYTES);
+    let image = make_root_image(dir, WRITE_VERIFY_INIT, ROOT_SIZE_BYTES);
     let mut server = Server::new_stopped(&dir.join("srv"), Target::strata());
     server.cli_ok(&["volume", "import", image.to_str().unwrap(), "vm"]);
     server.volumes = vec![("vm".to_string(), ROOT_SIZE_BYTES)];

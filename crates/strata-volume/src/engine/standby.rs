@@ -364,7 +364,11 @@ impl Standby {
     /// ends there; the old holder logged its last FLUSH's).
     pub fn write_served(&self) {
         use std::sync::atomic::Ordering;
-        if self.taken.get().is_some() && !self.first_write_logged.swap(true, Ordering::AcqRel) {
+        // A load first: every later write of the connection comes here.
+        if self.taken.get().is_some()
+            && !self.first_write_logged.load(Ordering::Relaxed)
+            && !self.first_write_logged.swap(true, Ordering::AcqRel)
+        {
             let unix_ms = crate::clock::now_ms();
             tracing::info!(volume = %self.name, first_write_unix_ms = unix_ms, "first write served after the takeover");
         }

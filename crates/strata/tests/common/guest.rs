@@ -117,6 +117,19 @@ pub fn make_root_image(dir: &Path, init: &str, size_bytes: u64) -> PathBuf {
     image
 }
 
+/// What is wrong in a guest's console log: a `FAIL` line, or a kernel
+/// error ([`KERNEL_ERROR_PATTERN`] or one of `extra`).
+pub fn console_error(log: &str, extra: &[&str]) -> Option<String> {
+    if let Some(line) = log.lines().find(|l| l.contains("STRATA-TEST FAIL")) {
+        return Some(format!("the guest failed: {line}"));
+    }
+    let mut errors: Vec<&str> = KERNEL_ERROR_PATTERN.split('|').collect();
+    errors.extend(extra);
+    log.lines()
+        .find(|l| !l.contains("STRATA-TEST") && errors.iter().any(|e| l.contains(e)))
+        .map(|line| format!("the guest's kernel reported an error: {line}"))
+}
+
 pub fn which(tool: &str) -> PathBuf {
     std::env::var_os("PATH")
         .and_then(|paths| {
@@ -229,16 +242,8 @@ impl Guest {
 
     /// Fails on any `FAIL` line or kernel error the guest printed.
     pub fn check_log(&self, log: &str) {
-        if let Some(line) = log.lines().find(|l| l.contains("STRATA-TEST FAIL")) {
-            self.fail(&format!("the guest failed: {line}"));
-        }
-        let mut errors: Vec<&str> = KERNEL_ERROR_PATTERN.split('|').collect();
-        errors.extend(&self.extra_errors);
-        if let Some(line) = log
-            .lines()
-            .find(|l| !l.contains("STRATA-TEST") && errors.iter().any(|e| l.contains(e)))
-        {
-            self.fail(&format!("the guest's kernel reported an error: {line}"));
+        if let Some(why) = console_error(log, &self.extra_errors) {
+            self.fail(&why);
         }
     }
 
@@ -314,3 +319,67 @@ impl Guest {
         );
     }
 }
+
+/// A guest /sbin/init (qemu_guest.rs, migration.rs): writes 1 MiB files
+/// with fsync, records their checksums, drops its page cache and verifies
+/// every file, round after round (`STRATA-TEST round N ok`), a second
+/// writer keeping requests in flight, until the host writes `stop` on the
+/// second serial port; then a final verification and power-off.
+pub const WRITE_VERIFY_INIT: &str = r#"#!/bin/sh
+# The guest of qemu_guest.rs and migration.rs: writes and verifies files
+# until the host writes "stop" on the second serial port.
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+mount -o remount,rw /
+say() { echo "STRATA-TEST $*"; }
+fail() { echo "STRATA-TEST FAIL $*"; }
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+exec 3</dev/ttyS1
+mkdir -p /data
+verify() {
+    echo 3 > /proc/sys/vm/drop_caches
+    for sum in /data/*.md5; do
+        [ -e "$sum" ] || continue
+        (cd /data && md5sum -c -s "${sum##*/}") || fail "verify ${sum##*/} at $1"
+    done
+}
+say booted
+# A second writer keeps requests in flight whenever the host acts.
+(
+    j=0
+    while :; do
+        j=$((j+1))
+        dd if=/dev/urandom of=/data/load bs=64k count=16 conv=fsync 2>/dev/null \
+            || fail "background write $j"
+    done
+) &
+load=$!
+i=0
+while :; do
+    i=$((i+1))
+    slot=$((i % 12))
+    dd if=/dev/urandom of=/data/f$slot bs=64k count=16 conv=fsync 2>/tmp/dd.err \
+        || { fail "write f$slot round $i"; cat /tmp/dd.err; }
+    (cd /data && md5sum f$slot > f$slot.new && mv f$slot.new f$slot.md5) \
+        || fail "checksum f$slot round $i"
+    sync || fail "sync round $i"
+    verify "round $i"
+    grep -q ' / ext4 ro' /proc/mounts && fail "root filesystem read-only at round $i"
+    say "round $i ok"
+    if read -t 1 cmd <&3; then
+        case "$cmd" in stop*) break;; esac
+    fi
+done
+kill $load
+wait $load 2>/dev/null
+verify final
+sync
+errors=$(dmesg | grep -ciE 'KERNEL_ERROR_PATTERN')
+say "kernel-errors $errors"
+dmesg | grep -iE 'KERNEL_ERROR_PATTERN'
+mount -o remount,ro / || fail "remount read-only"
+say done
+poweroff -f
+"#;
