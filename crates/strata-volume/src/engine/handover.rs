@@ -17,10 +17,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use strata_store::{validate_volume_name, ObjectNames};
 
 use super::control_client::{control_call, local_control_socket};
+pub use super::handover_outcome::{HandoverOutcome, HandoverReport};
 use super::Engine;
 use crate::error::VolumeError;
 use crate::format::host_record::RequestKind;
@@ -32,32 +32,6 @@ use crate::ownership::{read_lease, request_handover_through_store, standing, Sta
 const HANDOVER_HOLD_OFF: Duration = Duration::from_secs(30);
 /// How often the asker looks at the lease while waiting for the release.
 const RELEASE_POLL: Duration = Duration::from_millis(50);
-
-/// What handing a volume over did.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct HandoverReport {
-    pub volume: String,
-    /// Whether this engine had the volume open (false: nothing to do).
-    pub was_open: bool,
-    /// Bytes uploaded by the close (what the journal held).
-    pub bytes_uploaded: u64,
-    /// From the request to the lease released.
-    pub elapsed_ms: u64,
-}
-
-/// How a handover request was carried, and what came of it.
-#[derive(Debug, Clone, Serialize)]
-pub struct HandoverOutcome {
-    pub volume: String,
-    /// Who held the volume (`None`: nobody; nothing was asked).
-    pub holder: Option<String>,
-    /// "control socket", "store", or "none".
-    pub via: &'static str,
-    /// The holder's own report, over the control socket.
-    pub report: Option<HandoverReport>,
-    /// From the request to the lease seen released.
-    pub elapsed_ms: u64,
-}
 
 impl Engine {
     /// Lets go of volume `name` if this engine holds it: closes it (every

@@ -9,6 +9,7 @@ mod control_client;
 pub(crate) mod diffs;
 mod fsck;
 pub(crate) mod handover;
+mod handover_outcome;
 pub(crate) mod images;
 mod snapshots;
 pub(crate) mod standby;

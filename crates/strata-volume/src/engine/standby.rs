@@ -28,6 +28,7 @@ use strata_store::{validate_volume_name, ObjectNames};
 use tokio::sync::{Notify, OnceCell};
 
 use super::control_client::{control_call, local_control_socket};
+use super::handover_outcome::{HandoverOutcome, HandoverReport};
 use super::Engine;
 use crate::config::StandbyPolicy;
 use crate::error::VolumeError;
@@ -70,16 +71,27 @@ pub struct Standby {
     taken_now: Notify,
     /// Whether the first write served after the take was logged.
     first_write_logged: std::sync::atomic::AtomicBool,
+    /// The handover the take asked for (an explicit take reports it).
+    asked: parking_lot::Mutex<Option<HandoverOutcome>>,
 }
 
-/// What an explicit take did (`strata volume handover` on the taking host).
+/// What an explicit take did (`strata volume handover` on the taking
+/// host): the handover's own fields (`HandoverOutcome`: who held it, how
+/// it was asked, the holder's report), and how the volume was taken.
 #[derive(Debug, Clone, Serialize)]
 pub struct TakeOutcome {
     pub volume: String,
+    /// Who held the volume (`None`: nobody had to be asked).
+    pub holder: Option<String>,
+    /// "control socket", "store", or "none".
+    pub via: &'static str,
+    /// The holder's own report, over the control socket.
+    pub report: Option<HandoverReport>,
     /// Whether a standby of this engine took it (else the engine opened it).
     pub standby: bool,
     /// Whether this engine held it already.
     pub already_held: bool,
+    /// From the request to the volume open here.
     pub elapsed_ms: u64,
 }
 
@@ -153,6 +165,7 @@ impl Engine {
             taken: OnceCell::new(),
             taken_now: Notify::new(),
             first_write_logged: std::sync::atomic::AtomicBool::new(false),
+            asked: parking_lot::Mutex::new(None),
         })
     }
 
@@ -241,36 +254,41 @@ impl Engine {
     ) -> Result<TakeOutcome, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         let started = Instant::now();
-        let outcome = |standby, already_held| TakeOutcome {
+        let outcome = |asked: Option<HandoverOutcome>, standby, already_held| TakeOutcome {
             volume: name.to_string(),
+            holder: asked.as_ref().and_then(|a| a.holder.clone()),
+            via: asked.as_ref().map_or("none", |a| a.via),
+            report: asked.and_then(|a| a.report),
             standby,
             already_held,
             elapsed_ms: started.elapsed().as_millis() as u64,
         };
         if self.served(name).is_some() {
-            return Ok(outcome(false, true));
+            return Ok(outcome(None, false, true));
         }
         if let Some(s) = self.standby_of(name) {
             s.take(timeout).await?;
-            return Ok(outcome(true, false));
+            let asked = s.asked.lock().clone();
+            return Ok(outcome(asked, true, false));
         }
-        take(self, name, timeout, "").await?;
-        Ok(outcome(false, false))
+        let (_, asked) = take(self, name, timeout, "").await?;
+        Ok(outcome(asked, false, false))
     }
 }
 
 /// Opens volume `name`, asking its holder to hand it over while it is
-/// held elsewhere, until `timeout`.
+/// held elsewhere, until `timeout`; with the last handover asked.
 async fn take(
     engine: &Engine,
     name: &str,
     timeout: Duration,
     holder: &str,
-) -> Result<Arc<Volume>, VolumeError> {
+) -> Result<(Arc<Volume>, Option<HandoverOutcome>), VolumeError> {
     let deadline = Instant::now() + timeout;
+    let mut asked = None;
     loop {
         let why = match engine.open_volume_to_take(name).await {
-            Ok(v) => return Ok(v),
+            Ok(v) => return Ok((v, asked)),
             Err(VolumeError::Busy(detail)) => detail,
             Err(e) => return Err(e),
         };
@@ -282,7 +300,7 @@ async fn take(
             )));
         }
         match engine.request_handover(name, left).await {
-            Ok(_) => {}
+            Ok(outcome) => asked = Some(outcome),
             Err(VolumeError::Busy(d)) => {
                 tracing::info!(volume = %name, reason = %d, "handover not done yet; trying again");
                 tokio::time::sleep(TAKE_RETRY.min(left)).await;
@@ -381,7 +399,8 @@ impl Standby {
             .taken
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let v = take(&self.engine, &self.name, timeout, &holder).await?;
+                let (v, asked) = take(&self.engine, &self.name, timeout, &holder).await?;
+                *self.asked.lock() = asked;
                 // Once per standby, however many writes waited for it.
                 tracing::info!(volume = %self.name, elapsed_ms = started.elapsed().as_millis() as u64, "the standby took the volume over");
                 Ok::<_, VolumeError>(v)
