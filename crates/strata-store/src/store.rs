@@ -426,6 +426,56 @@ impl Store {
         }
     }
 
+    /// Lists the objects under `prefix` whose location is after `after`
+    /// (everything when `None`) and before `before` (no bound when
+    /// `None`), in location order for the stores that list in order (S3:
+    /// the listing stops paging at `before`). Retried like `list_all`.
+    pub async fn list_between(
+        &self,
+        prefix: &Path,
+        after: Option<&Path>,
+        before: Option<&Path>,
+    ) -> object_store::Result<Vec<ObjectMeta>> {
+        let entropy = SplitMixEntropy::from_clock();
+        let started = std::time::Instant::now();
+        let mut attempt = 1u32;
+        let below = |m: &ObjectMeta| before.is_none_or(|b| m.location.as_ref() < b.as_ref());
+        loop {
+            let stream = match after {
+                Some(a) => self.inner.list_with_offset(Some(prefix), a),
+                None => self.inner.list(Some(prefix)),
+            };
+            // Unordered listings (a local directory) are filtered whole.
+            let ordered = !self.is_local();
+            let listed: object_store::Result<Vec<ObjectMeta>> = if ordered {
+                stream
+                    .try_take_while(|m| futures::future::ready(Ok(below(m))))
+                    .try_collect()
+                    .await
+            } else {
+                stream
+                    .try_filter(|m| futures::future::ready(below(m)))
+                    .try_collect()
+                    .await
+            };
+            let e = match listed {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            if !is_transient(&e) {
+                return Err(e);
+            }
+            if attempt >= self.retry.max_attempts || elapsed_ms >= self.retry.deadline_ms {
+                return Err(gave_up(e, attempt, elapsed_ms));
+            }
+            let delay_ms = self.retry.backoff_delay_ms(attempt, &entropy);
+            tracing::warn!(target: RETRY_LOG_TARGET, volume = %crate::names::volume_of(prefix), path = %prefix, attempt, delay_ms, error = %ErrorText(&e), "store list failed; retrying");
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+            attempt += 1;
+        }
+    }
+
     /// Deletes an object.
     pub async fn delete(&self, location: &Path) -> object_store::Result<()> {
         if let Some(r) = &self.local_reader {

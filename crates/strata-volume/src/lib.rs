@@ -78,7 +78,7 @@ pub use fsck::{
 };
 pub use gc::{GcPassReport, GcStats};
 pub use map::SegmentUsage;
-pub use ownership::{HostStats, LeaseState, LeaseStats};
+pub use ownership::{HostStats, LeaseState, LeaseStats, Successor};
 pub use qos::{Limit, QosKind, QosLimits, QosStats, VolumeQos, QOS_KEYS};
 pub use read::{
     CacheStats, DiskCacheStats, HydrationState, HydrationStats, ReadAheadStats, ReadPathStats,

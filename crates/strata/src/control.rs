@@ -16,6 +16,7 @@
 //! {"op":"rekey","volume":"vm1","new_key_file":"/abs/path"} -> {"ok":"FINGERPRINT"}
 //! {"op":"set_qos","volume":"vm1","qos":{"iops":{"rate":3000,"burst":3000}}} -> {"ok":{...previous...}}
 //! {"op":"handover","volume":"vm1"}      -> {"ok":{...HandoverReport...}} (let go of it)
+//! {"op":"handover","volume":"vm1","to":{...Successor...}} -> the same, the lease written over to `to`
 //! {"op":"standby","volume":"vm1","by":"HOST","on":true} -> {"ok":null} (HOST stands by / left)
 //! {"op":"take","volume":"vm1","timeout_ms":N} -> {"ok":{...TakeOutcome...}} (take it here)
 //! any error                               -> {"error":"...","not_served":bool}
@@ -75,6 +76,10 @@ pub enum Request {
     /// volume; the engine's `request_handover` sends it.
     Handover {
         volume: String,
+        /// A standby's host to write the lease over to (it then opens the
+        /// volume without taking the lease); absent: release it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        to: Option<strata_volume::Successor>,
     },
     /// Host `by` stands by to take the volume (`on`), or no longer does
     /// (`Engine::standby_request`); its engine sends this.
@@ -227,7 +232,7 @@ async fn answer(engine: &Arc<Engine>, req: Request) -> Reply {
         | Request::SetCompression { volume, .. }
         | Request::SetQos { volume, .. }
         | Request::Rekey { volume, .. }
-        | Request::Handover { volume } => volume.clone(),
+        | Request::Handover { volume, .. } => volume.clone(),
     };
     let Some(vol) = engine.served_or_opening(&volume).await else {
         return Reply::Error {
@@ -282,8 +287,8 @@ async fn answer(engine: &Arc<Engine>, req: Request) -> Reply {
                 .map_err(anyhow::Error::from),
             Err(e) => Err(anyhow::Error::from(e)),
         },
-        Request::Handover { .. } => engine
-            .hand_over(&volume)
+        Request::Handover { to, .. } => engine
+            .hand_over_to(&volume, to.as_ref())
             .await
             .map_err(anyhow::Error::from)
             .and_then(|r| Ok(serde_json::to_value(r)?)),

@@ -117,6 +117,14 @@ fn a_standby_reads_what_its_holder_flushed_and_takes_over_at_its_first_write() {
             "B at {offset} after taking over"
         );
     }
+    // A is on this machine: it wrote the lease over to B, which opened
+    // with it (no release to poll for, no lease of its own to take).
+    wait_log(&a, "transferred=true", Duration::from_secs(5));
+    assert!(
+        !b.stderr().contains("the ordinary way"),
+        "B fell back to the ordinary take: {}",
+        b.stderr()
+    );
     let reply = s.cmd(&format!("write a {} 70 4096 0", 5 * MIB));
     assert!(
         reply.starts_with("err"),
@@ -272,6 +280,74 @@ fn a_standby_takes_over_from_a_dead_holder_without_losing_a_flushed_write() {
     drop(s);
     b.stop();
     eprintln!("standby after host loss: {:.1?}", t.elapsed());
+}
+
+/// (c2) The holder dies in the middle of handing the volume to its
+/// standby (the process aborts at each step after the final checkpoint,
+/// as kill -9 would stop it there): after the manifest carries the
+/// standby's epoch but before the lease names it, the standby takes the
+/// volume once the holder's liveness expires; after the lease names it, at
+/// once (the lease is its own). Either way every write the holder
+/// acknowledged a FLUSH for reads back, and the standby's first write
+/// lands.
+#[test]
+fn a_holder_that_dies_while_handing_over_loses_no_flushed_write() {
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    for (n, (point, expires_first)) in [
+        ("handover.after_manifest", true),
+        ("handover.after_lease", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let store = S3Store::on_shared(&format!("standby-crash-{n}"));
+        let target = Target::strata_s3(&store, &["--lease-ttl-ms", "3000"]);
+        let crashing = target.clone().with_env("STRATA_CRASH_AT", point);
+        let dir = tmp.path().join(format!("{n}"));
+        let a = Server::start(&dir.join("a"), crashing, &[("vol", VOL)]);
+        let mut b = Server::start(&dir.join("b"), target.clone(), &[]);
+        let mut s = NbdSession::start();
+        s.ok(&format!("open a {}", a.vol_uri()));
+        s.ok(&format!("write a 0 65 {K64} 0"));
+        s.ok(&format!("open b {}", b.uri("vol")));
+        s.ok(&format!("write a {MIB} 66 {K64} 0"));
+        s.ok("flush a");
+        s.ok(&format!("write a {} 67 4096 1", 2 * MIB));
+        let asked = Instant::now();
+        s.ok(&format!("write b {} 69 4096 1", 4 * MIB));
+        let took = asked.elapsed();
+        wait_log(
+            &a,
+            &format!("STRATA_CRASH_AT={point}"),
+            Duration::from_secs(5),
+        );
+        eprintln!("{point}: the standby took the volume in {took:.1?} (TTL 3 s)");
+        if expires_first {
+            assert!(
+                took >= Duration::from_millis(1000),
+                "{point}: taken in {took:?}, before the dead holder's liveness expired"
+            );
+        } else {
+            assert!(
+                took < Duration::from_secs(3),
+                "{point}: the lease named the standby, yet it waited {took:?}"
+            );
+        }
+        for (offset, len, byte) in [
+            (0, K64, 65),
+            (MIB, K64, 66),
+            (2 * MIB, 4096, 67),
+            (4 * MIB, 4096, 69),
+        ] {
+            assert_eq!(s.fill("b", offset, len), byte, "{point}: at {offset}");
+        }
+        drop(s);
+        b.stop();
+        // What B left reads back from the store alone (fsck: every
+        // segment and checkpoint readable, the map consistent).
+        b.cli_ok(&["fsck", "vol"]);
+    }
 }
 
 /// (d) Destinations that cannot use the store: a server whose credentials

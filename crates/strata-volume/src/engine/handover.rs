@@ -24,7 +24,7 @@ pub use super::handover_outcome::{HandoverOutcome, HandoverReport};
 use super::Engine;
 use crate::error::VolumeError;
 use crate::format::host_record::RequestKind;
-use crate::ownership::{read_lease, request_handover_through_store, standing, Standing};
+use crate::ownership::{read_lease, request_handover_through_store, standing, Standing, Successor};
 
 /// After handing a volume over, this engine does not take it back for
 /// this long (its own clients would otherwise re-open it before the asker
@@ -38,7 +38,20 @@ impl Engine {
     /// write uploaded, the lease released) and does not take it back for
     /// `HANDOVER_HOLD_OFF`.
     pub async fn hand_over(&self, name: &str) -> Result<HandoverReport, VolumeError> {
+        self.hand_over_to(name, None).await
+    }
+
+    /// `hand_over`, writing the lease naming `to` (a standby's host, which
+    /// then opens without taking it) instead of releasing it.
+    pub async fn hand_over_to(
+        &self,
+        name: &str,
+        to: Option<&Successor>,
+    ) -> Result<HandoverReport, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        if let Some(to) = to {
+            to.validate().map_err(VolumeError::Invalid)?;
+        }
         let started = Instant::now();
         let Some(vol) = self.served_or_opening(name).await else {
             return Ok(HandoverReport {
@@ -46,6 +59,7 @@ impl Engine {
                 was_open: false,
                 bytes_uploaded: 0,
                 elapsed_ms: 0,
+                transferred: false,
             });
         };
         self.handed_over
@@ -56,20 +70,22 @@ impl Engine {
                 .load(std::sync::atomic::Ordering::Relaxed)
         };
         let before = uploaded();
-        let closed = vol.close().await;
+        let closed = vol.close_handing_to(to).await;
         let bytes_uploaded = uploaded().saturating_sub(before);
         self.open.lock().remove(name);
-        closed?;
+        let transferred = closed?;
         let last_flush_unix_ms = vol
             .last_flush_unix_ms
             .load(std::sync::atomic::Ordering::Relaxed);
         let released_unix_ms = crate::clock::now_ms();
-        tracing::info!(volume = %name, bytes_uploaded, elapsed_ms = started.elapsed().as_millis() as u64, last_flush_unix_ms, released_unix_ms, "volume handed over on request");
+        let to = to.map(|s| s.holder.as_str());
+        tracing::info!(volume = %name, bytes_uploaded, elapsed_ms = started.elapsed().as_millis() as u64, last_flush_unix_ms, released_unix_ms, transferred, to, "volume handed over on request");
         Ok(HandoverReport {
             volume: name.to_string(),
             was_open: true,
             bytes_uploaded,
             elapsed_ms: started.elapsed().as_millis() as u64,
+            transferred,
         })
     }
 

@@ -11,8 +11,12 @@ pub struct HandoverReport {
     pub was_open: bool,
     /// Bytes uploaded by the close (what the journal held).
     pub bytes_uploaded: u64,
-    /// From the request to the lease released.
+    /// From the request to the lease released (or handed over).
     pub elapsed_ms: u64,
+    /// Whether the lease went straight to the successor the request named
+    /// (`ownership/lease_transfer.rs`) rather than being released.
+    #[serde(default)]
+    pub transferred: bool,
 }
 
 /// How a handover request was carried, and what came of it.

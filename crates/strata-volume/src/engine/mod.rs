@@ -628,16 +628,20 @@ impl Engine {
 
     /// The open volume `name`, opening (recovering) it on first use.
     pub async fn open_volume(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
-        self.open_volume_with(name, false).await
+        self.open_volume_as(name, OpenAs::Client).await
     }
 
     /// `open_volume` for a take (a standby's, an explicit one): a volume
     /// this engine handed over a moment ago may be taken back.
     pub(crate) async fn open_volume_to_take(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
-        self.open_volume_with(name, true).await
+        self.open_volume_as(name, OpenAs::Taker).await
     }
 
-    async fn open_volume_with(&self, name: &str, taking: bool) -> Result<Arc<Volume>, VolumeError> {
+    pub(crate) async fn open_volume_as(
+        &self,
+        name: &str,
+        open_as: OpenAs<'_>,
+    ) -> Result<Arc<Volume>, VolumeError> {
         validate_volume_name(name).map_err(VolumeError::Invalid)?;
         let cell = self
             .open
@@ -647,10 +651,16 @@ impl Engine {
             .clone();
         let vol = cell
             .get_or_try_init(|| async {
-                if taking {
+                let handed_token = match open_as {
+                    OpenAs::Client => {
+                        self.refuse_if_handed_over(name)?;
+                        None
+                    }
+                    OpenAs::Taker => None,
+                    OpenAs::Successor(token) => Some(token),
+                };
+                if open_as != OpenAs::Client {
                     self.handed_over.lock().remove(name);
-                } else {
-                    self.refuse_if_handed_over(name)?;
                 }
                 let _user = HostUser::new(&self.host_users);
                 Volume::open(
@@ -660,6 +670,7 @@ impl Engine {
                     self.caches.clone(),
                     self.host_writes.clone(),
                     self.host().await?,
+                    handed_token,
                 )
                 .await
             })
@@ -796,4 +807,16 @@ impl Drop for HostUser<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
+}
+
+/// Who opens a volume (`Engine::open_volume_as`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenAs<'a> {
+    /// A client: refused for a while after this engine handed it over.
+    Client,
+    /// A take (a standby's, an explicit one): may take it back at once.
+    Taker,
+    /// A standby whose holder handed it the lease under this token
+    /// (`ownership/lease_transfer.rs`).
+    Successor(&'a str),
 }

@@ -14,7 +14,10 @@
 //!    explicit take (`Engine::take_volume`, `strata volume handover` on
 //!    this host; `StandbyPolicy::Explicit`), asks the holder to hand over
 //!    (`engine/handover.rs`), opens the volume, and from then on every
-//!    request goes to it. Writes wait at most `standby_wait_ms`.
+//!    request goes to it. Writes wait at most `standby_wait_ms`. A holder
+//!    on this machine is asked over its control socket to write the lease
+//!    over to this host (`ownership/lease_transfer.rs`): the take is then
+//!    the holder's close and one round of reads here.
 //! 4. A standby dropped without taking the volume (the migration was
 //!    cancelled: its clients disconnected) tells the holder it is gone.
 //!
@@ -29,13 +32,14 @@ use tokio::sync::{Notify, OnceCell};
 
 use super::control_client::{control_call, local_control_socket};
 use super::handover_outcome::{HandoverOutcome, HandoverReport};
-use super::Engine;
+use super::{Engine, OpenAs};
 use crate::config::StandbyPolicy;
 use crate::error::VolumeError;
 use crate::format::host_record::{HostRecord, RequestKind};
 use crate::objects::read_manifest;
 use crate::ownership::{
-    read_host_record, read_lease, send_request_through_store, standing, Standing,
+    read_host_record, read_lease, release_transferred, send_request_through_store, standing,
+    Standing, Successor,
 };
 use crate::standby::StandbyView;
 use crate::volume::Volume;
@@ -399,7 +403,10 @@ impl Standby {
             .taken
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let (v, asked) = take(&self.engine, &self.name, timeout, &holder).await?;
+                let (v, asked) = match self.take_handed(timeout).await {
+                    Some(taken) => taken,
+                    None => take(&self.engine, &self.name, timeout, &holder).await?,
+                };
                 *self.asked.lock() = asked;
                 // Once per standby, however many writes waited for it.
                 tracing::info!(volume = %self.name, elapsed_ms = started.elapsed().as_millis() as u64, "the standby took the volume over");
@@ -408,6 +415,75 @@ impl Standby {
             .await?;
         self.taken_now.notify_waiters();
         Ok(taken.clone())
+    }
+}
+
+impl Standby {
+    /// The quick take, when the holder is on this machine: it closes and
+    /// writes the lease naming this host (`ownership/lease_transfer.rs`),
+    /// which opens with that lease: no poll for a release, no lease of its
+    /// own to take. `None` when it could not be done that way (no socket,
+    /// the holder let go already, the lease not as promised): the caller
+    /// then takes the volume the ordinary way, which also copes with a
+    /// lease handed over whose reply was lost (it names this host).
+    async fn take_handed(
+        &self,
+        timeout: Duration,
+    ) -> Option<(Arc<Volume>, Option<HandoverOutcome>)> {
+        let socket = local_control_socket(&self.holder_host)?;
+        let started = Instant::now();
+        let to = match self.engine.host().await.and_then(|h| Successor::of(&h)) {
+            Ok(to) => to,
+            Err(e) => {
+                tracing::info!(volume = %self.name, error = %e, "cannot name this host as the successor; taking the volume the ordinary way");
+                return None;
+            }
+        };
+        let request = serde_json::json!({"op": "handover", "volume": self.name, "to": to});
+        let reply = tokio::time::timeout(timeout, control_call(&socket, &request)).await;
+        let report: HandoverReport = match reply {
+            Ok(Ok(v)) => match serde_json::from_value(v) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::info!(volume = %self.name, socket = %socket, error = %e, "unreadable handover reply; taking the volume the ordinary way");
+                    return None;
+                }
+            },
+            Ok(Err(e)) => {
+                tracing::info!(volume = %self.name, socket = %socket, error = %e, "the holder did not hand the volume over through its control socket; taking it the ordinary way");
+                return None;
+            }
+            Err(_) => {
+                tracing::info!(volume = %self.name, socket = %socket, timeout_ms = timeout.as_millis() as u64, "the holder did not answer in time; taking the volume the ordinary way");
+                return None;
+            }
+        };
+        if !report.transferred {
+            return None;
+        }
+        let opened = self
+            .engine
+            .open_volume_as(&self.name, OpenAs::Successor(&to.token))
+            .await;
+        let vol = match opened {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(volume = %self.name, error = %e, "cannot open the volume handed over; giving its lease back");
+                let names = ObjectNames::new(&self.name);
+                if let Err(e) = release_transferred(&self.engine.store, &names, &to.token).await {
+                    tracing::warn!(volume = %self.name, error = %e, "could not give the handed lease back; it is free once this host stops");
+                }
+                return None;
+            }
+        };
+        let asked = HandoverOutcome {
+            volume: self.name.clone(),
+            holder: Some(self.holder.clone()),
+            via: "control socket",
+            report: Some(report),
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        };
+        Some((vol, Some(asked)))
     }
 }
 

@@ -24,6 +24,8 @@ pub(crate) use clone_markers::{list_clone_markers, read_clone_markers};
 pub(crate) use manifests::{read_manifest, read_manifest_versioned};
 pub(crate) use other_prefix::store_for_prefix;
 pub(crate) use profiles::read_profile;
-pub(crate) use segments::{fetch_fixed_header, fetch_segment_header, list_segments};
+pub(crate) use segments::{
+    fetch_fixed_header, fetch_segment_header, list_segments, list_segments_upto,
+};
 pub(crate) use snapshot_deltas::read_snapshot_delta;
 pub(crate) use store_error::{is_condition_refused, is_not_found, read_versioned, store_error};

@@ -32,7 +32,8 @@
 //! only while the host's last renewal was *sent* less than TTL - margin ago
 //! (monotonic clock) and the lease stands under the current incarnation.
 //! A clean close writes a released lease, so another host opens the volume
-//! at once.
+//! at once; a close at a standby's request writes it naming the standby's
+//! host (`lease_transfer.rs`), which then opens without taking it.
 //!
 //! Safety rests on hosts' wall clocks agreeing to well within the margin
 //! (the expiry test reads the host's `renewed_unix_ms`): run NTP. Segment
@@ -41,6 +42,7 @@
 //!
 //! Files: `local_lock.rs` (the flock and the holder id), `host_liveness.rs`
 //! (the host record's protocol), `lease.rs` (the lease object's protocol),
+//! `lease_transfer.rs` (a lease handed straight to a standby's host),
 //! `take_ownership.rs` (opening: all three steps), `manifest_writer.rs`
 //! (every later manifest write, fenced by epoch), and `right_to_write.rs`
 //! (`Ownership`: the right to write while a volume is open). Layouts:
@@ -48,6 +50,7 @@
 
 mod host_liveness;
 mod lease;
+mod lease_transfer;
 mod local_lock;
 mod manifest_writer;
 mod right_to_write;
@@ -57,8 +60,10 @@ pub(crate) use host_liveness::{read_host_record, send_request_through_store};
 pub use host_liveness::{request_handover_through_store, HostLiveness, HostStats};
 pub(crate) use lease::RenewError;
 pub use lease::{live_holder, read_lease, standing, Standing};
+pub(crate) use lease_transfer::release_transferred;
+pub use lease_transfer::Successor;
 pub use local_lock::{holder_id, hostname};
 pub(crate) use manifest_writer::ManifestWriter;
 pub use right_to_write::{LeaseState, LeaseStats};
 pub(crate) use right_to_write::{Ownership, WriteRefused};
-pub(crate) use take_ownership::take_ownership;
+pub(crate) use take_ownership::{take_ownership, take_transferred_ownership};

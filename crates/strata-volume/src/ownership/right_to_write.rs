@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use super::host_liveness::HostLiveness;
 use super::lease::{reclaim, release, HeldLease, RenewError};
+use super::lease_transfer::{transfer, Successor};
 use super::local_lock::LocalLock;
 use crate::error::VolumeError;
 
@@ -190,6 +191,26 @@ impl Ownership {
 
     pub fn is_released(&self) -> bool {
         self.released.load(Ordering::Acquire)
+    }
+
+    /// Hands the lease to `to` at `epoch` (unless fenced) and lets go of
+    /// the local lock. False when the lease was not ours to hand over.
+    pub async fn transfer(
+        &self,
+        store: &Store,
+        names: &ObjectNames,
+        to: &Successor,
+        epoch: u64,
+    ) -> Result<bool, VolumeError> {
+        let held = self.held.lock().await;
+        self.released.store(true, Ordering::Release);
+        let result = if self.fenced().is_none() {
+            transfer(store, names, &held, to, epoch).await
+        } else {
+            Ok(false)
+        };
+        self.local_lock.lock().take();
+        result
     }
 
     /// Releases the lease (unless fenced) and the local lock.

@@ -8,7 +8,8 @@ use strata_store::{ObjectNames, Store};
 use std::sync::Arc;
 
 use super::host_liveness::HostLiveness;
-use super::lease::acquire;
+use super::lease::{acquire, read_lease};
+use super::lease_transfer::check_transferred;
 use super::local_lock::lock_locally;
 use super::right_to_write::Ownership;
 use crate::config::VolumeConfig;
@@ -64,6 +65,43 @@ pub(crate) async fn take_ownership<T>(
     }
     let ownership = Ownership::new(host.clone(), lock, held);
     Ok((ownership, manifest, version, checked))
+}
+
+/// Opens volume `name` with the lease its holder handed to this host
+/// under `token` (`lease_transfer.rs`): reads the manifest and the lease
+/// at once, and takes the local lock; the holder wrote the new epoch into
+/// the manifest before it wrote the lease. `Busy` if the lease or the
+/// epoch is not what the handover promised (the caller then takes the
+/// volume the ordinary way).
+pub(crate) async fn take_transferred_ownership<T>(
+    store: &Store,
+    config: &VolumeConfig,
+    host: &Arc<HostLiveness>,
+    name: &str,
+    token: &str,
+    check: impl FnOnce(&Manifest) -> Result<T, VolumeError>,
+) -> Result<(Ownership, Manifest, UpdateVersion, T), VolumeError> {
+    let names = ObjectNames::new(name);
+    let (manifest, lease) = tokio::join!(
+        read_manifest_versioned(store, name),
+        read_lease(store, &names)
+    );
+    let (manifest, version) = manifest?;
+    let held = check_transferred(lease?, host, token, manifest.epoch).map_err(|why| {
+        VolumeError::Busy(format!(
+            "volume {name:?} was not handed to this server as promised: {why}"
+        ))
+    })?;
+    let checked = check(&manifest)?;
+    let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
+    create_journal_dir(config)?;
+    let lock = lock_locally(&config.lock_path(name, &uuid), name)?;
+    Ok((
+        Ownership::new(host.clone(), lock, held),
+        manifest,
+        version,
+        checked,
+    ))
 }
 
 /// `<data-dir>/journals`, made durable in its parent when it is new: a

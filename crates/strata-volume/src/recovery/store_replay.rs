@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
+
 use strata_store::{ObjectNames, Store};
 
 use crate::error::VolumeError;
@@ -10,7 +12,7 @@ use crate::format::key_wrap::Key;
 use crate::format::manifest::Manifest;
 use crate::format::segment::{Entry, EntryKind, JournalSpan};
 use crate::map::{ExtentMap, Target};
-use crate::objects::{fetch_segment_header, list_segments, read_checkpoint, store_error};
+use crate::objects::{fetch_segment_header, list_segments_upto, read_checkpoint, store_error};
 
 /// What the store says about a volume.
 pub(crate) struct Recovered {
@@ -26,8 +28,17 @@ pub(crate) struct Recovered {
     pub data_sizes: BTreeMap<u64, u64>,
 }
 
+/// Segment headers read at once during recovery.
+const PARALLEL_HEADER_READS: usize = 8;
+
 /// Steps 1 and 2: the checkpoint's map, then every contiguous later
 /// segment applied; segments after a gap deleted.
+///
+/// The checkpoint, the listing and the probe for the segment after the
+/// checkpoint go to the store at once, and the headers of the listed
+/// segments after it `PARALLEL_HEADER_READS` at a time (applied in
+/// order): an open costs round trips, not their sum (a live migration's
+/// switchover waits for it).
 pub(crate) async fn recover_from_store(
     store: &Store,
     names: &ObjectNames,
@@ -36,36 +47,72 @@ pub(crate) async fn recover_from_store(
     base_map: Option<(ExtentMap, u64)>,
     data_key: Option<&Key>,
 ) -> Result<Recovered, VolumeError> {
-    let (mut map, base, mut span) = match (manifest.checkpoint_seq, base_map) {
-        (Some(seq), _) => {
-            let (info, map) = read_checkpoint(store, names, manifest, uuid, seq, data_key).await?;
-            (map, seq, Some(info.span))
-        }
-        // A clone's first open: its parent snapshot's map; its own
-        // segments come after the snapshot's checkpoint.
-        (None, Some((map, seq))) => (map, seq, None),
-        (None, None) => (ExtentMap::new(), 0, None),
+    let base = manifest
+        .checkpoint_seq
+        .or(base_map.as_ref().map(|(_, seq)| *seq))
+        .unwrap_or(0);
+    let start = async {
+        Ok::<_, VolumeError>(match (manifest.checkpoint_seq, base_map) {
+            (Some(seq), _) => {
+                let (info, map) =
+                    read_checkpoint(store, names, manifest, uuid, seq, data_key).await?;
+                (map, Some(info.span))
+            }
+            // A clone's first open: its parent snapshot's map; its own
+            // segments come after the snapshot's checkpoint.
+            (None, Some((map, _))) => (map, None),
+            (None, None) => (ExtentMap::new(), None),
+        })
     };
-    let segments = list_segments(store, names).await?;
-    let listed: BTreeMap<u64, u64> = segments.iter().copied().collect();
+    let (started, segments, first_probe) = tokio::join!(
+        start,
+        list_segments_upto(store, names, base),
+        probe_unlisted(store, names, base + 1)
+    );
+    let (mut map, mut span) = started?;
+    let listed: BTreeMap<u64, u64> = segments?.into_iter().collect();
+    let mut first_probe = Some(first_probe);
     let mut stored: BTreeMap<u64, u64> = listed.range(..=base).map(|(&s, &b)| (s, b)).collect();
     let mut next = base + 1;
     let mut data_sizes = BTreeMap::new();
     loop {
-        let size = match listed.get(&next) {
-            Some(&size) => size,
-            None => match probe_unlisted(store, names, next).await? {
-                Some(size) => size,
-                None => break,
-            },
-        };
-        let (idx, entries) =
-            fetch_segment_header(store, names, next, uuid, manifest.size_bytes, data_key).await?;
-        apply_entries(&mut map, next, &entries);
-        data_sizes.insert(next, idx.fixed.data_bytes);
-        span = Some(idx.fixed.span);
-        stored.insert(next, size);
-        next += 1;
+        // The listed run from `next`, read at once; then a probe past it.
+        let run: Vec<(u64, u64)> = (next..)
+            .map_while(|s| listed.get(&s).map(|&size| (s, size)))
+            .collect();
+        if run.is_empty() {
+            let probed = match first_probe.take().filter(|_| next == base + 1) {
+                Some(p) => p?,
+                None => probe_unlisted(store, names, next).await?,
+            };
+            let Some(size) = probed else { break };
+            tracing::warn!(volume = %names.volume_prefix(), seq = next, "the store's listing did not show a segment it holds; recovering it");
+            let (idx, entries) =
+                fetch_segment_header(store, names, next, uuid, manifest.size_bytes, data_key)
+                    .await?;
+            apply_entries(&mut map, next, &entries);
+            data_sizes.insert(next, idx.fixed.data_bytes);
+            span = Some(idx.fixed.span);
+            stored.insert(next, size);
+            next += 1;
+            continue;
+        }
+        first_probe = None;
+        let size = manifest.size_bytes;
+        let mut headers = futures::stream::iter(run.into_iter().map(|(seq, bytes)| async move {
+            fetch_segment_header(store, names, seq, uuid, size, data_key)
+                .await
+                .map(|h| (seq, bytes, h))
+        }))
+        .buffered(PARALLEL_HEADER_READS);
+        while let Some(read) = headers.next().await {
+            let (seq, bytes, (idx, entries)) = read?;
+            apply_entries(&mut map, seq, &entries);
+            data_sizes.insert(seq, idx.fixed.data_bytes);
+            span = Some(idx.fixed.span);
+            stored.insert(seq, bytes);
+            next = seq + 1;
+        }
     }
     let orphans: Vec<u64> = listed.range(next..).map(|(&s, _)| s).collect();
     delete_orphans(store, names, &orphans).await?;
@@ -91,10 +138,7 @@ async fn probe_unlisted(
 ) -> Result<Option<u64>, VolumeError> {
     let path = names.segment(seq);
     match store.object_store().head(&path).await {
-        Ok(meta) => {
-            tracing::warn!(volume = %names.volume_prefix(), seq, "the store's listing did not show a segment it holds; recovering it");
-            Ok(Some(meta.size))
-        }
+        Ok(meta) => Ok(Some(meta.size)),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(e) => Err(store_error(store, "head", &path)(e)),
     }

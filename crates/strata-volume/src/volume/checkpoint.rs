@@ -4,6 +4,7 @@
 //! segments with no live bytes, and the checkpoint it replaces) as pending
 //! deletions (`gc/pending_deletions.rs`); nothing is deleted here.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -178,6 +179,12 @@ impl Volume {
                 checkpoint_seq: Some(seq),
                 ..m.clone()
             };
+            // A close handing the volume over names its final checkpoint
+            // and the successor's epoch in one write (`close.rs`).
+            let successor_epoch = self.successor_epoch.load(Ordering::Acquire);
+            if successor_epoch > next.epoch {
+                next.epoch = successor_epoch;
+            }
             if let Some(extra) = extra {
                 extra(&mut next);
             }

@@ -1,13 +1,17 @@
 //! The clean close of a volume: seal what is open, wait for every upload
-//! and a final checkpoint, stop the journal, release the lease. Afterwards
-//! the store alone holds the volume; the journal has nothing to replay.
+//! and a final checkpoint, stop the journal, release the lease (or hand
+//! it to a standby's host). Afterwards the store alone holds the volume;
+//! the journal has nothing to replay.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Volume;
+use crate::crash_point::crash_point;
 use crate::error::VolumeError;
+use crate::format::manifest::Manifest;
+use crate::ownership::Successor;
 use crate::write::state::State;
 
 impl Volume {
@@ -15,8 +19,25 @@ impl Volume {
     /// checkpoint, stops the journal. Afterwards the store alone holds the
     /// volume; the journal has nothing to replay.
     pub async fn close(self: &Arc<Self>) -> Result<(), VolumeError> {
+        self.close_handing_to(None).await.map(|_| ())
+    }
+
+    /// `close`, handing the lease to `to` (a standby's host) instead of
+    /// releasing it: the final checkpoint's manifest write carries the
+    /// successor's epoch, then the lease names it (`lease_transfer.rs`).
+    /// True if the lease went to `to`; false if it was released or was
+    /// not ours any more.
+    pub async fn close_handing_to(
+        self: &Arc<Self>,
+        to: Option<&Successor>,
+    ) -> Result<bool, VolumeError> {
         if self.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
+            return Ok(false);
+        }
+        let successor_epoch = self.ownership.epoch + 1;
+        if to.is_some() {
+            self.successor_epoch
+                .store(successor_epoch, Ordering::Release);
         }
         self.store_profile_at_close().await;
         // A garbage collection pass in flight ends first (it stops at its
@@ -57,15 +78,55 @@ impl Volume {
                 detail,
             });
         }
-        self.wait_for_tasks().await;
-        // Everything is in the store: the journal's space goes back to the
-        // filesystem (a closed volume's journal is its 4 KiB superblock).
-        self.journal.punch_if_idle(0);
-        // Let another server take the volume.
-        self.ownership.release(&self.store, &self.names).await?;
+        let transferred = match to {
+            Some(to) => self.transfer_lease(to, successor_epoch).await?,
+            None => {
+                self.wait_for_tasks().await;
+                self.punch_journal();
+                // Let another server take the volume.
+                self.ownership.release(&self.store, &self.names).await?;
+                false
+            }
+        };
         self.closed_cleanly.store(true, Ordering::Release);
-        tracing::info!(volume = %self.name, "closed cleanly");
-        Ok(())
+        tracing::info!(volume = %self.name, transferred, "closed cleanly");
+        Ok(transferred)
+    }
+
+    /// The last steps of a close that hands the volume over: the manifest
+    /// at the successor's epoch (the final checkpoint's write carried it,
+    /// unless no checkpoint was needed), then the lease naming it. The
+    /// tasks that outlive their store work (handing data to the disk
+    /// cache) finish after it: the successor does not wait for them.
+    async fn transfer_lease(&self, to: &Successor, epoch: u64) -> Result<bool, VolumeError> {
+        let bump = |m: &Manifest| (m.epoch < epoch).then(|| Manifest { epoch, ..m.clone() });
+        if let Err(refused) = self
+            .manifest
+            .update(&self.store, &self.ownership, bump)
+            .await
+        {
+            let detail = self.refused(refused);
+            self.ownership.drop_local_lock();
+            return Err(VolumeError::Failed {
+                name: self.name.clone(),
+                detail,
+            });
+        }
+        crash_point("handover.after_manifest");
+        let transferred = self
+            .ownership
+            .transfer(&self.store, &self.names, to, epoch)
+            .await?;
+        crash_point("handover.after_lease");
+        self.wait_for_tasks().await;
+        self.punch_journal();
+        Ok(transferred)
+    }
+
+    /// Everything is in the store: the journal's space goes back to the
+    /// filesystem (a closed volume's journal is its 4 KiB superblock).
+    fn punch_journal(&self) {
+        self.journal.punch_if_idle(0);
     }
 
     /// Waits (bounded) for upload and checkpoint tasks still holding the

@@ -211,6 +211,10 @@ pub struct Volume {
     /// Wall clock (ms) of the last FLUSH answered: a handover logs it (the
     /// storage part of a live migration's downtime starts there).
     pub(crate) last_flush_unix_ms: AtomicU64,
+    /// Non-zero while a close hands the lease to a successor: the epoch
+    /// the final checkpoint's manifest write gives the successor
+    /// (`close.rs`).
+    pub(crate) successor_epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for Volume {

@@ -17,14 +17,15 @@ use crate::config::VolumeConfig;
 use crate::error::VolumeError;
 use crate::format::manifest::Manifest;
 use crate::gc::GcCounters;
-use crate::ownership::{take_ownership, ManifestWriter};
+use crate::ownership::{take_ownership, take_transferred_ownership, ManifestWriter};
 use crate::read::{Hydration, HydrationState, SharedCaches};
 use crate::recovery::recover;
 use crate::snapshot::resolve_lineage;
 use crate::snapshot::Lineage;
 
 impl Volume {
-    /// Opens (and recovers) volume `name`.
+    /// Opens (and recovers) volume `name`; with the lease its holder
+    /// handed to this host under `handed_token`, if any (a standby's take).
     pub(crate) async fn open(
         store: Store,
         name: &str,
@@ -32,15 +33,18 @@ impl Volume {
         caches: Arc<SharedCaches>,
         host_writes: Arc<crate::write::host_budget::HostWriteBudget>,
         host: Arc<crate::ownership::HostLiveness>,
+        handed_token: Option<&str>,
     ) -> Result<Arc<Volume>, VolumeError> {
         config.validate().map_err(VolumeError::Invalid)?;
         let started = std::time::Instant::now();
         let kek = config.key.clone();
-        let (ownership, manifest, manifest_version, at_rest) =
-            take_ownership(&store, &config, &host, name, |m| {
-                AtRest::open(m, kek.as_deref())
-            })
-            .await?;
+        let check = |m: &Manifest| AtRest::open(m, kek.as_deref());
+        let (ownership, manifest, manifest_version, at_rest) = match handed_token {
+            Some(token) => {
+                take_transferred_ownership(&store, &config, &host, name, token, check).await?
+            }
+            None => take_ownership(&store, &config, &host, name, check).await?,
+        };
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let data_key = at_rest.data_key().cloned();
         let inherited = resolve_lineage(&store, &manifest, true, data_key.as_deref()).await?;
@@ -124,6 +128,7 @@ impl Volume {
             standby: Default::default(),
             closed_cleanly: AtomicBool::new(false),
             last_flush_unix_ms: AtomicU64::new(0),
+            successor_epoch: AtomicU64::new(0),
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;
