@@ -282,6 +282,50 @@ fn a_standby_takes_over_from_a_dead_holder_without_losing_a_flushed_write() {
     eprintln!("standby after host loss: {:.1?}", t.elapsed());
 }
 
+/// (c1) Holder and standby on different machines (the holder's control
+/// socket out of reach, as on another host): the standby registers through
+/// the holder's record (answered at its next renewal), and at its first
+/// write asks through the record too; the holder, which looks at its
+/// record every 200 ms while it has a standby, hands the lease straight
+/// over, well before its next renewal.
+#[test]
+fn a_standby_on_another_machine_takes_over_through_the_store() {
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("standby-remote");
+    // Renewals every 3 s: a take within 2.5 s came from a look.
+    let target = Target::strata_s3(&store, &["--lease-ttl-ms", "9000"]);
+    let a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
+    let mut b = Server::start(&tmp.path().join("b"), target.clone(), &[]);
+    std::fs::remove_file(a.data_dir().join("control.sock")).unwrap();
+    let mut s = NbdSession::start();
+    s.ok(&format!("open a {}", a.vol_uri()));
+    s.ok(&format!("write a 0 65 {K64} 0"));
+    s.ok(&format!("open b {}", b.uri("vol")));
+    wait_log(&b, "via=\"store\"", Duration::from_secs(5));
+    s.ok(&format!("write a {MIB} 66 {K64} 0"));
+    s.ok("flush a");
+    assert_eq!(
+        s.fill("b", MIB, K64),
+        66,
+        "the standby reads A's flushed write"
+    );
+    let asked = Instant::now();
+    s.ok(&format!("write b {} 69 4096 1", 2 * MIB));
+    let took = asked.elapsed();
+    eprintln!("through the store, the standby took the volume in {took:.1?}");
+    wait_log(&a, "transferred=true", Duration::from_secs(5));
+    assert!(
+        took < Duration::from_millis(2500),
+        "the take waited {took:?}: the holder did not look at its record while it had a standby"
+    );
+    for (offset, len, byte) in [(0, K64, 65), (MIB, K64, 66), (2 * MIB, 4096, 69)] {
+        assert_eq!(s.fill("b", offset, len), byte, "after the take at {offset}");
+    }
+    drop(s);
+    b.stop();
+}
+
 /// (c2) The holder dies in the middle of handing the volume to its
 /// standby (the process aborts at each step after the final checkpoint,
 /// as kill -9 would stop it there): after the manifest carries the

@@ -72,6 +72,9 @@ impl Engine {
         let before = uploaded();
         let closed = vol.close_handing_to(to).await;
         let bytes_uploaded = uploaded().saturating_sub(before);
+        if to.is_some() {
+            self.finish_close_later(name, vol.clone());
+        }
         self.open.lock().remove(name);
         let transferred = closed?;
         let last_flush_unix_ms = vol
@@ -87,6 +90,32 @@ impl Engine {
             elapsed_ms: started.elapsed().as_millis() as u64,
             transferred,
         })
+    }
+
+    /// Runs what a close that handed volume `name` over left to do here
+    /// (`Volume::finish_close`) after the answer; an open of `name` on
+    /// this engine waits for it (`wait_for_finishing_close`).
+    fn finish_close_later(&self, name: &str, vol: Arc<crate::volume::Volume>) {
+        let (done, finished) = tokio::sync::watch::channel(false);
+        self.finishing.lock().insert(name.to_string(), finished);
+        tokio::spawn(async move {
+            vol.finish_close().await;
+            let _ = done.send(true);
+        });
+    }
+
+    /// Waits until the close of volume `name` handed over from this engine
+    /// finished here (its journal file is the one an open here reuses).
+    pub(super) async fn wait_for_finishing_close(&self, name: &str) {
+        let finishing = self.finishing.lock().get(name).cloned();
+        if let Some(mut finished) = finishing {
+            // An error: the task ended (it cannot end without sending).
+            let _ = finished.wait_for(|done| *done).await;
+            let mut map = self.finishing.lock();
+            if map.get(name).is_some_and(|f| *f.borrow()) {
+                map.remove(name);
+            }
+        }
     }
 
     /// Refuses to open a volume this engine handed over a moment ago.
@@ -126,7 +155,10 @@ impl Engine {
             notified.as_mut().enable();
             for r in host.take_pending_requests() {
                 let done = match r.kind {
-                    RequestKind::Handover => self.hand_over(&r.volume).await.map(|_| ()),
+                    RequestKind::Handover => self
+                        .hand_over_to(&r.volume, r.to.as_ref())
+                        .await
+                        .map(|_| ()),
                     RequestKind::Standby => self.standby_request(&r.volume, &r.by, true).await,
                     RequestKind::StandbyGone => self.standby_request(&r.volume, &r.by, false).await,
                 };

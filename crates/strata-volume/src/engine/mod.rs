@@ -144,6 +144,9 @@ pub struct Engine {
     /// Volumes this engine handed over on request, and when: it does not
     /// take them back for `HANDOVER_HOLD_OFF` (the asker opens them).
     handed_over: parking_lot::Mutex<HashMap<String, std::time::Instant>>,
+    /// Volumes handed over whose close still finishes here (disk cache,
+    /// journal space): an open of one waits for it.
+    finishing: parking_lot::Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
     /// A server: its host record stays alive while no volume is open.
     serving: std::sync::atomic::AtomicBool,
     /// Standbys in use (`engine/standby.rs`), by volume name.
@@ -172,6 +175,7 @@ impl Engine {
             host_change: tokio::sync::Mutex::new(()),
             host_users: std::sync::atomic::AtomicUsize::new(0),
             handed_over: parking_lot::Mutex::new(HashMap::new()),
+            finishing: parking_lot::Mutex::new(HashMap::new()),
             standbys: parking_lot::Mutex::new(HashMap::new()),
             standby_open: tokio::sync::Mutex::new(()),
             serving: std::sync::atomic::AtomicBool::new(false),
@@ -662,6 +666,7 @@ impl Engine {
                 if open_as != OpenAs::Client {
                     self.handed_over.lock().remove(name);
                 }
+                self.wait_for_finishing_close(name).await;
                 let _user = HostUser::new(&self.host_users);
                 Volume::open(
                     self.store.clone(),

@@ -14,10 +14,12 @@
 //!    explicit take (`Engine::take_volume`, `strata volume handover` on
 //!    this host; `StandbyPolicy::Explicit`), asks the holder to hand over
 //!    (`engine/handover.rs`), opens the volume, and from then on every
-//!    request goes to it. Writes wait at most `standby_wait_ms`. A holder
-//!    on this machine is asked over its control socket to write the lease
-//!    over to this host (`ownership/lease_transfer.rs`): the take is then
-//!    the holder's close and one round of reads here.
+//!    request goes to it. Writes wait at most `standby_wait_ms`. The
+//!    holder is asked to write the lease over to this host
+//!    (`ownership/lease_transfer.rs`): over its control socket on this
+//!    machine, else through its host record, which a holder with a standby
+//!    looks at every `REQUEST_POLL_MS` (`ownership/request_watch.rs`); the
+//!    take is then the holder's close and a round or two of reads here.
 //! 4. A standby dropped without taking the volume (the migration was
 //!    cancelled: its clients disconnected) tells the holder it is gone.
 //!
@@ -39,7 +41,7 @@ use crate::format::host_record::{HostRecord, RequestKind};
 use crate::objects::read_manifest;
 use crate::ownership::{
     read_host_record, read_lease, release_transferred, send_request_through_store, standing,
-    Standing, Successor,
+    successor_of, Standing, Successor,
 };
 use crate::standby::StandbyView;
 use crate::volume::Volume;
@@ -47,6 +49,9 @@ use crate::volume::Volume;
 /// How often a registration sent through the store is looked for in the
 /// holder's record (it is answered at the holder's next renewal).
 const REGISTRATION_POLL: Duration = Duration::from_millis(100);
+/// How often a standby that asked through the store looks at the lease
+/// for its own token.
+const HANDED_POLL: Duration = Duration::from_millis(25);
 /// Pause between tries while a handover is refused (holder busy, or its
 /// host expired and the volume is about to be free).
 const TAKE_RETRY: Duration = Duration::from_millis(250);
@@ -198,7 +203,8 @@ impl Engine {
                 }
             }
         }
-        let sent = send_request_through_store(&self.store, &record.id, volume, by, kind).await?;
+        let sent =
+            send_request_through_store(&self.store, &record.id, volume, by, kind, None).await?;
         let Some(at_unix_ms) = sent else {
             return Err(VolumeError::Busy(format!(
                 "its holder's host {} is no longer alive; try again",
@@ -430,37 +436,21 @@ impl Standby {
         &self,
         timeout: Duration,
     ) -> Option<(Arc<Volume>, Option<HandoverOutcome>)> {
-        let socket = local_control_socket(&self.holder_host)?;
         let started = Instant::now();
-        let to = match self.engine.host().await.and_then(|h| Successor::of(&h)) {
+        let to = match self.engine.host().await.and_then(|h| successor_of(&h)) {
             Ok(to) => to,
             Err(e) => {
                 tracing::info!(volume = %self.name, error = %e, "cannot name this host as the successor; taking the volume the ordinary way");
                 return None;
             }
         };
-        let request = serde_json::json!({"op": "handover", "volume": self.name, "to": to});
-        let reply = tokio::time::timeout(timeout, control_call(&socket, &request)).await;
-        let report: HandoverReport = match reply {
-            Ok(Ok(v)) => match serde_json::from_value(v) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::info!(volume = %self.name, socket = %socket, error = %e, "unreadable handover reply; taking the volume the ordinary way");
-                    return None;
-                }
-            },
-            Ok(Err(e)) => {
-                tracing::info!(volume = %self.name, socket = %socket, error = %e, "the holder did not hand the volume over through its control socket; taking it the ordinary way");
-                return None;
-            }
-            Err(_) => {
-                tracing::info!(volume = %self.name, socket = %socket, timeout_ms = timeout.as_millis() as u64, "the holder did not answer in time; taking the volume the ordinary way");
-                return None;
-            }
+        let (via, report) = match local_control_socket(&self.holder_host) {
+            Some(socket) => (
+                "control socket",
+                Some(self.hand_over_socket(&socket, &to, timeout).await?),
+            ),
+            None => ("store", self.hand_over_store(&to, timeout).await?),
         };
-        if !report.transferred {
-            return None;
-        }
         let opened = self
             .engine
             .open_volume_as(&self.name, OpenAs::Successor(&to.token))
@@ -479,11 +469,91 @@ impl Standby {
         let asked = HandoverOutcome {
             volume: self.name.clone(),
             holder: Some(self.holder.clone()),
-            via: "control socket",
-            report: Some(report),
+            via,
+            report,
             elapsed_ms: started.elapsed().as_millis() as u64,
         };
         Some((vol, Some(asked)))
+    }
+
+    /// Asks the holder over its control socket to hand the volume to
+    /// `to`; its report if it did.
+    async fn hand_over_socket(
+        &self,
+        socket: &str,
+        to: &Successor,
+        timeout: Duration,
+    ) -> Option<HandoverReport> {
+        let request = serde_json::json!({"op": "handover", "volume": self.name, "to": to});
+        let reply = tokio::time::timeout(timeout, control_call(socket, &request)).await;
+        let report: HandoverReport = match reply {
+            Ok(Ok(v)) => match serde_json::from_value(v) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::info!(volume = %self.name, socket = %socket, error = %e, "unreadable handover reply; taking the volume the ordinary way");
+                    return None;
+                }
+            },
+            Ok(Err(e)) => {
+                tracing::info!(volume = %self.name, socket = %socket, error = %e, "the holder did not hand the volume over through its control socket; taking it the ordinary way");
+                return None;
+            }
+            Err(_) => {
+                tracing::info!(volume = %self.name, socket = %socket, timeout_ms = timeout.as_millis() as u64, "the holder did not answer in time; taking the volume the ordinary way");
+                return None;
+            }
+        };
+        report.transferred.then_some(report)
+    }
+
+    /// Asks the holder through its host record (another machine) to hand
+    /// the volume to `to`, and waits for the lease to name `to` (the
+    /// holder, in standby mode, looks at its record every
+    /// `REQUEST_POLL_MS`). `Some(None)` once it does; `None` when the
+    /// holder let go otherwise, or did not answer within its TTL.
+    async fn hand_over_store(
+        &self,
+        to: &Successor,
+        timeout: Duration,
+    ) -> Option<Option<HandoverReport>> {
+        let store = &self.engine.store;
+        let record = &self.holder_host;
+        let sent = send_request_through_store(
+            store,
+            &record.id,
+            &self.name,
+            &self.by,
+            RequestKind::Handover,
+            Some(to),
+        )
+        .await;
+        match sent {
+            Ok(Some(_)) => {}
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::info!(volume = %self.name, error = %e, "cannot ask the holder through the store; taking the volume the ordinary way");
+                return None;
+            }
+        }
+        let deadline = Instant::now() + timeout.min(Duration::from_millis(record.ttl_ms));
+        let names = ObjectNames::new(&self.name);
+        loop {
+            match read_lease(store, &names).await {
+                Ok(Some((l, _))) if l.token == to.token => return Some(None),
+                Ok(Some((l, _)))
+                    if l.released || l.host.as_ref().is_none_or(|h| h.id != record.id) =>
+                {
+                    return None
+                }
+                Ok(None) => return None,
+                Ok(Some(_)) | Err(_) => {}
+            }
+            if Instant::now() >= deadline {
+                tracing::info!(volume = %self.name, "the holder did not hand the volume over through the store in time; taking it the ordinary way");
+                return None;
+            }
+            tokio::time::sleep(HANDED_POLL).await;
+        }
     }
 }
 

@@ -26,7 +26,11 @@
 //!                   renewal: {volume, by, at_unix_ms, kind}, kind
 //!                   "handover" (let go of it; the default when absent),
 //!                   "standby" (a host stands by to take it: upload on
-//!                   FLUSH) or "standby_gone"
+//!                   FLUSH) or "standby_gone"; a handover may name `to`,
+//!                   the successor to write the lease over to:
+//!                   {holder, pid, host_id, incarnation, token}, each
+//!                   string 1 to MAX_SUCCESSOR_FIELD_BYTES bytes (checked
+//!                   before use, `Successor::validate`)
 //! ```
 
 use bytes::Bytes;
@@ -72,6 +76,46 @@ impl RequestKind {
     }
 }
 
+/// Longest string field of a successor a holder accepts (they are ids,
+/// paths and hex tokens).
+pub const MAX_SUCCESSOR_FIELD_BYTES: usize = 1024;
+
+/// Who a closing holder hands its lease to: a standby's host
+/// (`ownership/lease_transfer.rs`). Sent over a control socket, or in a
+/// handover request of the holder's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Successor {
+    /// The successor's holder id (`holder_id`).
+    pub holder: String,
+    pub pid: u32,
+    /// Its host record's id and current incarnation.
+    pub host_id: String,
+    pub incarnation: String,
+    /// Random, chosen by the successor: tells the lease it was given.
+    pub token: String,
+}
+
+impl Successor {
+    /// Rejects a successor whose fields cannot name a host (a holder checks
+    /// what a request gives it before writing it into a lease).
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("holder", &self.holder),
+            ("host_id", &self.host_id),
+            ("incarnation", &self.incarnation),
+            ("token", &self.token),
+        ];
+        for (name, value) in fields {
+            if value.is_empty() || value.len() > MAX_SUCCESSOR_FIELD_BYTES {
+                return Err(format!(
+                    "successor's {name} must be 1 to {MAX_SUCCESSOR_FIELD_BYTES} bytes"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A request of another host about a volume this one holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HandoverRequest {
@@ -81,6 +125,9 @@ pub struct HandoverRequest {
     pub at_unix_ms: u64,
     #[serde(default, skip_serializing_if = "RequestKind::is_handover")]
     pub kind: RequestKind,
+    /// A handover's successor: write the lease over to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Successor>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,12 +197,28 @@ mod tests {
             state: HostState::Alive,
             expired_by: None,
             control_socket: Some("/d/control.sock".into()),
-            handover_requests: vec![HandoverRequest {
-                volume: "v".into(),
-                by: "other".into(),
-                at_unix_ms: 5,
-                kind: RequestKind::Standby,
-            }],
+            handover_requests: vec![
+                HandoverRequest {
+                    volume: "v".into(),
+                    by: "other".into(),
+                    at_unix_ms: 5,
+                    kind: RequestKind::Standby,
+                    to: None,
+                },
+                HandoverRequest {
+                    volume: "v".into(),
+                    by: "other".into(),
+                    at_unix_ms: 6,
+                    kind: RequestKind::Handover,
+                    to: Some(Successor {
+                        holder: "h:/d".into(),
+                        pid: 7,
+                        host_id: "0".repeat(32),
+                        incarnation: "inc".into(),
+                        token: "tok".into(),
+                    }),
+                },
+            ],
         }
     }
 

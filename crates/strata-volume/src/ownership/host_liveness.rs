@@ -34,13 +34,17 @@ use tokio::sync::Notify;
 use super::local_lock::{host_identity, lock_locally, LocalLock};
 use crate::clock::now_ms;
 use crate::error::VolumeError;
-use crate::format::host_record::{HandoverRequest, HostRecord, HostState, RequestKind};
+use crate::format::host_record::{HandoverRequest, HostRecord, HostState, RequestKind, Successor};
 use crate::objects::{is_condition_refused, read_versioned, store_error};
 
 /// Writes of our record retried at once after a conflict we understood.
 const MAX_CONFLICT_RETRIES: u32 = 4;
 /// A handover request older than this is dropped unanswered.
 const HANDOVER_REQUEST_MAX_AGE_MS: u64 = 120_000;
+/// Requests remembered as queued (a record holds at most 64).
+const SEEN_REQUESTS: usize = 256;
+
+type SeenRequest = (String, String, RequestKind, u64);
 
 /// The record as this host last wrote it, and its version.
 struct Written {
@@ -70,6 +74,12 @@ pub struct HostLiveness {
     pub requests_changed: Notify,
     /// Woken when validity changes.
     pub changed: Notify,
+    /// Standbys of volumes this host holds (`request_watch.rs`): while
+    /// any, the record is looked at every `REQUEST_POLL_MS` for requests.
+    pub(super) request_watchers: std::sync::atomic::AtomicUsize,
+    pub(super) request_poll_running: AtomicBool,
+    /// The last requests queued (volume, by, kind, stamp): not twice.
+    seen_requests: parking_lot::Mutex<std::collections::VecDeque<SeenRequest>>,
     _lock: Option<LocalLock>,
 }
 
@@ -142,7 +152,7 @@ pub async fn request_handover_through_store(
     volume: &str,
     by: &str,
 ) -> Result<bool, VolumeError> {
-    send_request_through_store(store, id, volume, by, RequestKind::Handover)
+    send_request_through_store(store, id, volume, by, RequestKind::Handover, None)
         .await
         .map(|sent| sent.is_some())
 }
@@ -157,6 +167,7 @@ pub(crate) async fn send_request_through_store(
     volume: &str,
     by: &str,
     kind: RequestKind,
+    to: Option<&Successor>,
 ) -> Result<Option<u64>, VolumeError> {
     let path = ObjectNames::host_record(id);
     for _ in 0..MAX_CONFLICT_RETRIES * 4 {
@@ -183,6 +194,7 @@ pub(crate) async fn send_request_through_store(
             by: by.to_string(),
             at_unix_ms: now,
             kind,
+            to: to.cloned(),
         });
         match store
             .put_if(&path, PutPayload::from(record.encode()), Some(&version))
@@ -257,6 +269,9 @@ impl HostLiveness {
             pending: parking_lot::Mutex::new(Vec::new()),
             requests_changed: Notify::new(),
             changed: Notify::new(),
+            request_watchers: std::sync::atomic::AtomicUsize::new(0),
+            request_poll_running: AtomicBool::new(false),
+            seen_requests: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             _lock: lock,
         });
         host.claim_record().await?;
@@ -405,21 +420,33 @@ impl HostLiveness {
         }
     }
 
-    fn take_requests(&self, requests: &[HandoverRequest]) {
+    /// Queues the fresh requests of `requests` not queued before (a look
+    /// and the renewal it starts may both find one: it is answered once).
+    pub(super) fn take_requests(&self, requests: &[HandoverRequest]) {
         if requests.is_empty() {
             return;
         }
         let now = now_ms();
         let mut pending = self.pending.lock();
+        let mut seen = self.seen_requests.lock();
         for r in requests {
             let fresh = now.saturating_sub(r.at_unix_ms) < HANDOVER_REQUEST_MAX_AGE_MS;
-            if fresh && !pending.iter().any(|p| p.volume == r.volume) {
-                tracing::info!(volume = %r.volume, by = %r.by, "handover requested through the store");
+            let key = (r.volume.clone(), r.by.clone(), r.kind, r.at_unix_ms);
+            if fresh && !seen.contains(&key) {
+                tracing::info!(volume = %r.volume, by = %r.by, kind = ?r.kind, "request through the store");
+                if seen.len() >= SEEN_REQUESTS {
+                    seen.pop_front();
+                }
+                seen.push_back(key);
                 pending.push(r.clone());
             }
         }
-        drop(pending);
+        drop((pending, seen));
         self.requests_changed.notify_waiters();
+    }
+
+    pub(super) fn store(&self) -> &Store {
+        &self.store
     }
 
     /// Handover requests that came through the store, taken once.

@@ -22,84 +22,46 @@
 //! does not serve it.
 
 use object_store::{PutPayload, UpdateVersion};
-use serde::{Deserialize, Serialize};
 use strata_store::{ObjectNames, Store};
 
 use super::host_liveness::HostLiveness;
 use super::lease::{read_lease, HeldLease};
 use crate::clock::now_ms;
 use crate::error::VolumeError;
+pub use crate::format::host_record::Successor;
 use crate::format::lease::{Lease, LeaseHost};
 use crate::objects::{is_condition_refused, store_error};
 
-/// Longest field of a successor a holder accepts (they are ids, paths and
-/// hex tokens).
-const MAX_FIELD_BYTES: usize = 1024;
-
-/// Who a closing holder hands its lease to: a standby's host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Successor {
-    /// The successor's holder id (`holder_id`).
-    pub holder: String,
-    pub pid: u32,
-    /// Its host record's id and current incarnation.
-    pub host_id: String,
-    pub incarnation: String,
-    /// Random, chosen by the successor: tells the lease it was given.
-    pub token: String,
+/// This host as a successor, with a fresh token.
+pub fn successor_of(host: &HostLiveness) -> Result<Successor, VolumeError> {
+    let incarnation = host.incarnation();
+    if incarnation.is_empty() {
+        return Err(VolumeError::Busy(
+            "this host is writing a new liveness record; try again in a moment".into(),
+        ));
+    }
+    Ok(Successor {
+        holder: host.holder.clone(),
+        pid: std::process::id(),
+        host_id: host.id.clone(),
+        incarnation,
+        token: uuid::Uuid::new_v4().simple().to_string(),
+    })
 }
 
-impl Successor {
-    /// This host as a successor, with a fresh token.
-    pub fn of(host: &HostLiveness) -> Result<Successor, VolumeError> {
-        let incarnation = host.incarnation();
-        if incarnation.is_empty() {
-            return Err(VolumeError::Busy(
-                "this host is writing a new liveness record; try again in a moment".into(),
-            ));
-        }
-        Ok(Successor {
-            holder: host.holder.clone(),
-            pid: std::process::id(),
-            host_id: host.id.clone(),
-            incarnation,
-            token: uuid::Uuid::new_v4().simple().to_string(),
-        })
-    }
-
-    /// Rejects a successor whose fields cannot name a host (a holder checks
-    /// what a request gives it before writing it into a lease).
-    pub fn validate(&self) -> Result<(), String> {
-        let fields = [
-            ("holder", &self.holder),
-            ("host_id", &self.host_id),
-            ("incarnation", &self.incarnation),
-            ("token", &self.token),
-        ];
-        for (name, value) in fields {
-            if value.is_empty() || value.len() > MAX_FIELD_BYTES {
-                return Err(format!(
-                    "successor's {name} must be 1 to {MAX_FIELD_BYTES} bytes"
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn lease(&self, epoch: u64, ttl_ms: u64) -> Lease {
-        Lease {
-            holder: self.holder.clone(),
-            pid: self.pid,
-            token: self.token.clone(),
-            epoch,
-            renewed_unix_ms: now_ms(),
-            ttl_ms,
-            released: false,
-            host: Some(LeaseHost {
-                id: self.host_id.clone(),
-                incarnation: self.incarnation.clone(),
-            }),
-        }
+fn successor_lease(to: &Successor, epoch: u64, ttl_ms: u64) -> Lease {
+    Lease {
+        holder: to.holder.clone(),
+        pid: to.pid,
+        token: to.token.clone(),
+        epoch,
+        renewed_unix_ms: now_ms(),
+        ttl_ms,
+        released: false,
+        host: Some(LeaseHost {
+            id: to.host_id.clone(),
+            incarnation: to.incarnation.clone(),
+        }),
     }
 }
 
@@ -113,7 +75,7 @@ pub(crate) async fn transfer(
     epoch: u64,
 ) -> Result<bool, VolumeError> {
     let path = names.lease();
-    let lease = to.lease(epoch, held.lease.ttl_ms);
+    let lease = successor_lease(to, epoch, held.lease.ttl_ms);
     match store
         .put_if(&path, PutPayload::from(lease.encode()), Some(&held.version))
         .await
@@ -208,7 +170,7 @@ mod tests {
         let (a, b, c) = (&hosts[0], &hosts[1], &hosts[2]);
         let names = ObjectNames::new("v");
         let held = acquire(&store, &names, a, 1, "v").await.unwrap();
-        let to = Successor::of(b).unwrap();
+        let to = successor_of(b).unwrap();
         assert!(transfer(&store, &names, &held, &to, 2).await.unwrap());
         // A retry after a lost reply finds its own write.
         assert!(transfer(&store, &names, &held, &to, 2).await.unwrap());
@@ -225,7 +187,7 @@ mod tests {
             .unwrap_err()
             .contains("epoch"));
         // A's stale version cannot transfer it again.
-        let other = Successor::of(c).unwrap();
+        let other = successor_of(c).unwrap();
         assert!(!transfer(&store, &names, &held, &other, 2).await.unwrap());
         // B, unable to open, gives it back: free for C.
         release_transferred(&store, &names, &to.token)
@@ -250,7 +212,7 @@ mod tests {
         };
         assert!(empty.validate().unwrap_err().contains("token"));
         let huge = Successor {
-            holder: "x".repeat(MAX_FIELD_BYTES + 1),
+            holder: "x".repeat(crate::format::host_record::MAX_SUCCESSOR_FIELD_BYTES + 1),
             ..s
         };
         assert!(huge.validate().unwrap_err().contains("holder"));

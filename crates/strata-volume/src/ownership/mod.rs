@@ -43,6 +43,7 @@
 //! Files: `local_lock.rs` (the flock and the holder id), `host_liveness.rs`
 //! (the host record's protocol), `lease.rs` (the lease object's protocol),
 //! `lease_transfer.rs` (a lease handed straight to a standby's host),
+//! `request_watch.rs` (requests looked for often while a standby exists),
 //! `take_ownership.rs` (opening: all three steps), `manifest_writer.rs`
 //! (every later manifest write, fenced by epoch), and `right_to_write.rs`
 //! (`Ownership`: the right to write while a volume is open). Layouts:
@@ -53,6 +54,7 @@ mod lease;
 mod lease_transfer;
 mod local_lock;
 mod manifest_writer;
+mod request_watch;
 mod right_to_write;
 mod take_ownership;
 
@@ -60,10 +62,11 @@ pub(crate) use host_liveness::{read_host_record, send_request_through_store};
 pub use host_liveness::{request_handover_through_store, HostLiveness, HostStats};
 pub(crate) use lease::RenewError;
 pub use lease::{live_holder, read_lease, standing, Standing};
-pub(crate) use lease_transfer::release_transferred;
 pub use lease_transfer::Successor;
+pub(crate) use lease_transfer::{release_transferred, successor_of};
 pub use local_lock::{holder_id, hostname};
 pub(crate) use manifest_writer::ManifestWriter;
+pub use request_watch::RequestWatch;
 pub use right_to_write::{LeaseState, LeaseStats};
 pub(crate) use right_to_write::{Ownership, WriteRefused};
 pub(crate) use take_ownership::{take_ownership, take_transferred_ownership};

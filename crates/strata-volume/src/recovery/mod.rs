@@ -65,7 +65,9 @@ pub(crate) async fn recover(
     last_opened_here: bool,
 ) -> Result<RecoveredVolume, VolumeError> {
     let names = ObjectNames::new(name);
+    let started = std::time::Instant::now();
     let rec = recover_from_store(store, &names, manifest, uuid, base_map, data_key).await?;
+    tracing::debug!(volume = %name, elapsed_ms = started.elapsed().as_millis() as u64, segments_listed = rec.stored.len(), segments_applied = rec.data_sizes.len(), "recovered from the store");
     let jpath = config.journal_path(name, &uuid);
     let (sb, start) = choose_journal(&jpath, config, uuid, rec.span, last_opened_here)?;
     let mut state = initial_state(rec, sb.journal_id, config.segment_bytes);

@@ -26,7 +26,7 @@ impl Volume {
     /// releasing it: the final checkpoint's manifest write carries the
     /// successor's epoch, then the lease names it (`lease_transfer.rs`).
     /// True if the lease went to `to`; false if it was released or was
-    /// not ours any more.
+    /// not ours any more. With `to`, the caller runs `finish_close` after.
     pub async fn close_handing_to(
         self: &Arc<Self>,
         to: Option<&Successor>,
@@ -34,11 +34,13 @@ impl Volume {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(false);
         }
+        self.standby_watch.lock().take();
         let successor_epoch = self.ownership.epoch + 1;
         if to.is_some() {
             self.successor_epoch
                 .store(successor_epoch, Ordering::Release);
         }
+        let started = std::time::Instant::now();
         self.store_profile_at_close().await;
         // A garbage collection pass in flight ends first (it stops at its
         // next step): nothing is deleted once the lease may be released.
@@ -64,7 +66,11 @@ impl Volume {
                 }
             }
         }
-        self.journal.shutdown();
+        let stored_ms = started.elapsed().as_millis() as u64;
+        // Everything stored: nothing in the journal is needed any more (a
+        // failed close keeps it, synced, for the restart to replay).
+        let all_stored = self.state.lock().failed.is_none();
+        self.journal.stop(!all_stored);
         self.space.notify_waiters();
         // Housekeeping sees the volume closed and ends.
         self.housekeeping.notify_one();
@@ -89,7 +95,7 @@ impl Volume {
             }
         };
         self.closed_cleanly.store(true, Ordering::Release);
-        tracing::info!(volume = %self.name, transferred, "closed cleanly");
+        tracing::info!(volume = %self.name, transferred, stored_ms, elapsed_ms = started.elapsed().as_millis() as u64, "closed cleanly");
         Ok(transferred)
     }
 
@@ -97,7 +103,8 @@ impl Volume {
     /// at the successor's epoch (the final checkpoint's write carried it,
     /// unless no checkpoint was needed), then the lease naming it. The
     /// tasks that outlive their store work (handing data to the disk
-    /// cache) finish after it: the successor does not wait for them.
+    /// cache) are left to `finish_close`, which the caller runs after
+    /// answering: the successor does not wait for them.
     async fn transfer_lease(&self, to: &Successor, epoch: u64) -> Result<bool, VolumeError> {
         let bump = |m: &Manifest| (m.epoch < epoch).then(|| Manifest { epoch, ..m.clone() });
         if let Err(refused) = self
@@ -118,9 +125,16 @@ impl Volume {
             .transfer(&self.store, &self.names, to, epoch)
             .await?;
         crash_point("handover.after_lease");
+        Ok(transferred)
+    }
+
+    /// What a close that handed the volume over left to do here (local
+    /// only): the tasks handing data to the disk cache end, the journal's
+    /// space goes back. `Engine::hand_over_to` runs it after answering,
+    /// and a new open of the volume on this engine waits for it.
+    pub(crate) async fn finish_close(&self) {
         self.wait_for_tasks().await;
         self.punch_journal();
-        Ok(transferred)
     }
 
     /// Everything is in the store: the journal's space goes back to the

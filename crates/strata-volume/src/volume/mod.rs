@@ -215,6 +215,9 @@ pub struct Volume {
     /// the final checkpoint's manifest write gives the successor
     /// (`close.rs`).
     pub(crate) successor_epoch: AtomicU64,
+    /// While a standby exists: its host looks for requests through the
+    /// store often (`ownership/request_watch.rs`).
+    pub(crate) standby_watch: Mutex<Option<crate::ownership::RequestWatch>>,
 }
 
 impl std::fmt::Debug for Volume {

@@ -45,6 +45,7 @@ impl Volume {
             }
             None => take_ownership(&store, &config, &host, name, check).await?,
         };
+        let ownership_ms = started.elapsed().as_millis() as u64;
         let uuid = manifest.uuid_bytes().map_err(VolumeError::Invalid)?;
         let data_key = at_rest.data_key().cloned();
         let inherited = resolve_lineage(&store, &manifest, true, data_key.as_deref()).await?;
@@ -62,6 +63,7 @@ impl Volume {
             ownership.last_opened_here,
         )
         .await?;
+        let recovered_ms = started.elapsed().as_millis() as u64;
         let lineage = inherited.lineage;
         // A clone never writes, moves or deletes its ancestors' segments.
         recovered.state.pins.inherit_upto(lineage.base_seq());
@@ -129,6 +131,7 @@ impl Volume {
             closed_cleanly: AtomicBool::new(false),
             last_flush_unix_ms: AtomicU64::new(0),
             successor_epoch: AtomicU64::new(0),
+            standby_watch: Mutex::new(None),
         });
         // Before any background work: GC must know what snapshots keep.
         vol.pin_snapshots(&vol.manifest.current().await).await?;
@@ -138,7 +141,7 @@ impl Volume {
         vol.start_gc();
         vol.start_hydration(profile);
         vol.start_profile_timer();
-        tracing::info!(volume = %name, holder = %vol.ownership.holder, epoch = vol.ownership.epoch, replayed_records = recovered.replayed_records, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
+        tracing::info!(volume = %name, holder = %vol.ownership.holder, epoch = vol.ownership.epoch, replayed_records = recovered.replayed_records, ownership_ms, recovered_ms, elapsed_ms = started.elapsed().as_millis() as u64, "volume open");
         Ok(vol)
     }
 

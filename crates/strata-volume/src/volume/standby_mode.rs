@@ -38,6 +38,7 @@ impl Volume {
             ))
         })?;
         if starts {
+            *self.standby_watch.lock() = Some(self.ownership.host().watch_requests());
             tracing::info!(volume = %self.name, standby = %by, "a standby registered: every FLUSH now uploads, segments seal after {STANDBY_SEAL_AGE_MS} ms");
         }
         self.housekeeping.notify_one();
@@ -47,6 +48,7 @@ impl Volume {
     /// Leaves standby mode (the standby said it is gone).
     pub fn standby_gone(&self, by: &str) {
         if self.standby.unregister(by) {
+            self.standby_watch.lock().take();
             tracing::info!(volume = %self.name, standby = %by, "the standby is gone: FLUSH is back to this volume's durability");
         }
     }

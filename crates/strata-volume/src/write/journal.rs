@@ -32,6 +32,8 @@ pub struct Journal {
     sb: Superblock,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Stopped by `stop(false)`: later stops do not sync either.
+    stopped_unsynced: AtomicBool,
 }
 
 impl std::fmt::Debug for Journal {
@@ -103,6 +105,7 @@ impl Journal {
             sb,
             shared,
             writer: Mutex::new(Some(writer)),
+            stopped_unsynced: AtomicBool::new(false),
         })
     }
 
@@ -328,6 +331,15 @@ impl Journal {
 
     /// Stops the writer thread after it has written what is pending.
     pub fn shutdown(&self) {
+        self.stop(true);
+    }
+
+    /// Stops the writer thread; `sync`: and makes what it wrote durable.
+    /// A clean close whose every record is in the store passes false: the
+    /// journal holds nothing a restart needs, and an fdatasync of what
+    /// remote durability never synced (tens of MB after large writes)
+    /// would hold up a handover for nothing.
+    pub fn stop(&self, sync: bool) {
         self.shared.state.lock().shutdown = true;
         self.shared.wake_writer.notify_one();
         if let Some(handle) = self.writer.lock().take() {
@@ -335,7 +347,15 @@ impl Journal {
                 tracing::error!(path = %self.path.display(), "journal writer thread panicked");
             }
         }
-        let _ = self.file.sync_data();
+        if !sync {
+            self.stopped_unsynced.store(true, Ordering::Release);
+            return;
+        }
+        // Stopped unsynced before: its owner said nothing in it is needed
+        // (the shutdown of `Drop` comes here too).
+        if !self.stopped_unsynced.load(Ordering::Acquire) {
+            let _ = self.file.sync_data();
+        }
     }
 }
 
