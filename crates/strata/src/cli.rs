@@ -355,8 +355,9 @@ pub enum VolumeCommand {
     /// at its next liveness renewal, within a third of --lease-ttl-ms).
     /// The holder does not take the volume back for 30 s. When a server
     /// runs on this --data-dir, it takes the volume itself (its standby of
-    /// it, a live migration's destination, switches over). Prints who held
-    /// it and how long the handover took.
+    /// it, a live migration's destination, switches over: the holder then
+    /// writes the lease over to this host rather than releasing it).
+    /// Prints who held it and how long the handover took.
     Handover {
         /// The volume.
         name: String,
