@@ -49,7 +49,10 @@ pub struct ServerConfig {
     /// block size, which also bounds CACHE and WRITE_ZEROES without
     /// FAST_ZERO). Larger requests get EINVAL.
     pub max_request_bytes: u32,
-    /// Time a client has from connecting to entering transmission.
+    /// Time a client has from connecting to entering transmission, not
+    /// counting the provider's opening of the export (which bounds itself:
+    /// a strata standby registers with its holder in up to a third of the
+    /// lease TTL when they reach each other through the store).
     pub handshake_timeout_ms: u64,
     /// On shutdown, time in-flight requests get to finish before the
     /// remaining connections are cut (requests still in the device then

@@ -13,7 +13,7 @@ use crate::budget::ByteBudget;
 use crate::config::ServerConfig;
 use crate::device::ExportProvider;
 use crate::export::Export;
-use crate::handshake::{self, Outcome, Security};
+use crate::handshake::{self, HandshakeClock, Outcome, Security};
 use crate::listen::{Accepted, SplitStream};
 use crate::metrics::NbdMetrics;
 use crate::tls::Tls;
@@ -54,12 +54,38 @@ where
     tracing::info!(conn = id, peer, "client connected");
     let mut stop = shared.stop.clone();
     let timeout = Duration::from_millis(shared.config.handshake_timeout_ms);
-    let negotiation = handshake_all(shared, stream);
-    let negotiated = tokio::select! {
-        result = tokio::time::timeout(timeout, negotiation) => result,
-        _ = stop.wait_for(|stopping| *stopping) => {
-            tracing::info!(conn = id, peer, "closing in handshake: server shutting down");
-            return;
+    let clock = HandshakeClock::default();
+    let negotiation = handshake_all(shared, stream, &clock);
+    tokio::pin!(negotiation);
+    let started = tokio::time::Instant::now();
+    // The deadline bounds the client: time in the provider's open (which
+    // bounds itself) moves it on.
+    let deadline = || started + timeout + Duration::from_millis(clock.provider_ms());
+    let negotiated = {
+        let stopping = async {
+            let _ = stop.wait_for(|stopping| *stopping).await;
+        };
+        tokio::pin!(stopping);
+        loop {
+            // In the provider: look again in a moment (its time is added
+            // to the deadline once the call ends).
+            let wake_at = if clock.in_provider() {
+                tokio::time::Instant::now() + Duration::from_millis(100)
+            } else {
+                deadline()
+            };
+            tokio::select! {
+                result = &mut negotiation => break Ok(result),
+                () = tokio::time::sleep_until(wake_at) => {
+                    if !clock.in_provider() && tokio::time::Instant::now() >= deadline() {
+                        break Err(());
+                    }
+                }
+                () = &mut stopping => {
+                    tracing::info!(conn = id, peer, "closing in handshake: server shutting down");
+                    return;
+                }
+            }
         }
     };
     match negotiated {
@@ -85,6 +111,7 @@ where
 async fn handshake_all<P, S>(
     shared: &Shared<P>,
     mut stream: S,
+    clock: &HandshakeClock,
 ) -> io::Result<Negotiated<S, P::Device>>
 where
     P: ExportProvider,
@@ -95,7 +122,8 @@ where
         None => Security::NoTls,
         Some(tls) => Security::Offered(tls.mode),
     };
-    let flags = match handshake::negotiate(&mut stream, provider, &shared.config, security).await? {
+    let negotiated = handshake::negotiate(&mut stream, provider, &shared.config, security, clock);
+    let flags = match negotiated.await? {
         Outcome::Transmission(export) => return Ok(Negotiated::Plain(stream, export)),
         Outcome::Aborted => return Ok(Negotiated::Aborted),
         Outcome::StartTls(flags) => flags,
@@ -117,6 +145,7 @@ where
         &shared.config,
         flags,
         Security::Encrypted,
+        clock,
     );
     match haggled.await? {
         Outcome::Transmission(export) => Ok(Negotiated::Tls(Box::new(stream), export)),

@@ -58,12 +58,46 @@ pub(crate) enum Security {
     Encrypted,
 }
 
+/// Time a handshake spends in the provider's `open` (a strata standby
+/// registering with its holder through the store takes seconds): the
+/// handshake timeout bounds the client, not the provider, which bounds
+/// its own work (`connection.rs` extends the deadline by it).
+#[derive(Debug, Default)]
+pub(crate) struct HandshakeClock {
+    provider_ms: std::sync::atomic::AtomicU64,
+    in_provider: std::sync::atomic::AtomicBool,
+}
+
+impl HandshakeClock {
+    /// Milliseconds spent in finished provider calls.
+    pub(crate) fn provider_ms(&self) -> u64 {
+        self.provider_ms.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether a provider call is under way now.
+    pub(crate) fn in_provider(&self) -> bool {
+        self.in_provider.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    async fn time<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        use std::sync::atomic::Ordering;
+        let started = std::time::Instant::now();
+        self.in_provider.store(true, Ordering::Release);
+        let out = call.await;
+        let ms = started.elapsed().as_millis() as u64;
+        self.provider_ms.fetch_add(ms, Ordering::AcqRel);
+        self.in_provider.store(false, Ordering::Release);
+        out
+    }
+}
+
 /// Runs the handshake on `stream` until transmission, abort, or STARTTLS.
 pub(crate) async fn negotiate<S, P>(
     stream: &mut S,
     provider: &P,
     config: &ServerConfig,
     security: Security,
+    clock: &HandshakeClock,
 ) -> io::Result<Outcome<P::Device>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -82,7 +116,7 @@ where
             "TLS is required and the client does not speak fixed newstyle (needed for STARTTLS)",
         ));
     }
-    haggle(stream, provider, config, client_flags, security).await
+    haggle(stream, provider, config, client_flags, security, clock).await
 }
 
 /// Haggles options on `stream` until transmission, abort, or STARTTLS
@@ -93,12 +127,13 @@ pub(crate) async fn haggle<S, P>(
     config: &ServerConfig,
     client_flags: ClientFlags,
     security: Security,
+    clock: &HandshakeClock,
 ) -> io::Result<Outcome<P::Device>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
     P: ExportProvider,
 {
-    let mut haggle = Haggle::new(provider, config, client_flags, security);
+    let mut haggle = Haggle::new(provider, config, client_flags, security, clock);
     loop {
         let (option, data) = read_option(stream).await?;
         let mut out = Vec::new();
@@ -163,6 +198,7 @@ struct Haggle<'a, P: ExportProvider> {
     opened: Option<(String, Arc<P::Device>)>,
     security: Security,
     told_tls_required: bool,
+    clock: &'a HandshakeClock,
 }
 
 impl<'a, P: ExportProvider> Haggle<'a, P> {
@@ -171,8 +207,10 @@ impl<'a, P: ExportProvider> Haggle<'a, P> {
         config: &'a ServerConfig,
         client_flags: ClientFlags,
         security: Security,
+        clock: &'a HandshakeClock,
     ) -> Self {
         Haggle {
+            clock,
             provider,
             config,
             client_flags,
@@ -326,7 +364,7 @@ impl<'a, P: ExportProvider> Haggle<'a, P> {
                 return Ok(Arc::clone(device));
             }
         }
-        match self.provider.open(name).await {
+        match self.clock.time(self.provider.open(name)).await {
             Ok(device) => {
                 self.opened = Some((name.to_owned(), Arc::clone(&device)));
                 Ok(device)

@@ -14,7 +14,7 @@ use common::raw::{RawClient, RawReply};
 use common::{within, TestServer};
 use nbd_proto::consts::*;
 use nbd_proto::*;
-use nbd_server::ServerConfig;
+use nbd_server::{ExportInfo, ExportProvider, ServerConfig};
 use tokio::io::AsyncWriteExt;
 
 const MIB: u64 = 1024 * 1024;
@@ -413,6 +413,51 @@ async fn handshake_timeout_closes_silent_clients() {
     assert!(within(5, client.closed_by_server()).await);
     assert!(started.elapsed() >= Duration::from_millis(250));
     still_works(&server).await;
+    server.stop().await;
+}
+
+/// A provider whose `open` takes its time (a strata standby registering
+/// with its holder through the store takes seconds).
+struct SlowOpen {
+    inner: Arc<Exports<MemDevice>>,
+    delay: Duration,
+}
+
+impl ExportProvider for SlowOpen {
+    type Device = MemDevice;
+
+    async fn list(&self) -> std::io::Result<Vec<ExportInfo>> {
+        self.inner.list().await
+    }
+
+    async fn open(&self, name: &str) -> std::io::Result<Arc<MemDevice>> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.open(name).await
+    }
+}
+
+/// The handshake timeout bounds the client, not the provider's open: an
+/// open three times longer than the timeout still lets the client in,
+/// and a client silent after it is still cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_timeout_leaves_out_the_time_the_export_takes_to_open() {
+    let config = ServerConfig {
+        handshake_timeout_ms: 300,
+        ..ServerConfig::default()
+    };
+    let slow = Arc::new(SlowOpen {
+        inner: provider(Arc::new(MemDevice::new(MIB))),
+        delay: Duration::from_millis(900),
+    });
+    let server = TestServer::start_with(slow, config).await;
+    let mut client = RawClient::tcp(server.tcp_addr()).await;
+    let started = std::time::Instant::now();
+    let (size_bytes, _) = client.go("", true, true).await;
+    assert_eq!(size_bytes, MIB);
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    drop(client);
+    let mut silent = RawClient::tcp(server.tcp_addr()).await;
+    assert!(within(5, silent.closed_by_server()).await);
     server.stop().await;
 }
 
