@@ -402,28 +402,7 @@ impl Store {
     /// layer cannot replay, so the whole listing is retried here on a
     /// transient error (same policy).
     pub async fn list_all(&self, prefix: &Path) -> object_store::Result<Vec<ObjectMeta>> {
-        let entropy = SplitMixEntropy::from_clock();
-        let started = std::time::Instant::now();
-        let mut attempt = 1u32;
-        loop {
-            let listed: object_store::Result<Vec<ObjectMeta>> =
-                self.inner.list(Some(prefix)).try_collect().await;
-            let e = match listed {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
-            };
-            let elapsed_ms = started.elapsed().as_millis() as u64;
-            if !is_transient(&e) {
-                return Err(e);
-            }
-            if attempt >= self.retry.max_attempts || elapsed_ms >= self.retry.deadline_ms {
-                return Err(gave_up(e, attempt, elapsed_ms));
-            }
-            let delay_ms = self.retry.backoff_delay_ms(attempt, &entropy);
-            tracing::warn!(target: RETRY_LOG_TARGET, volume = %crate::names::volume_of(prefix), path = %prefix, attempt, delay_ms, error = %ErrorText(&e), "store list failed; retrying");
-            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
-            attempt += 1;
-        }
+        self.list_between(prefix, None, None).await
     }
 
     /// Lists the objects under `prefix` whose location is after `after`
