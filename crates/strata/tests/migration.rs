@@ -337,12 +337,24 @@ fn migrates_ten_times(disk: Disk) {
             Switchover::Explicit
         };
         let dest = &hosts[n % 2];
-        vm = migrate(&boot, dir, n, &mut vm, (dest, disk), how);
-        round = vm.wait_round(
-            round + ROUNDS_PER_EVENT,
-            ROUNDS_TIMEOUT,
-            &format!("after migration {n}"),
-        );
+        // A failure keeps both servers' logs beside the console's.
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            vm = migrate(&boot, dir, n, &mut vm, (dest, disk), how);
+            round = vm.wait_round(
+                round + ROUNDS_PER_EVENT,
+                ROUNDS_TIMEOUT,
+                &format!("after migration {n}"),
+            );
+        }));
+        if let Err(panic) = step {
+            for (h, name) in hosts.iter().zip(["a", "b"]) {
+                let kept = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                    .join(format!("migration-{disk:?}-host-{name}.log"));
+                let _ = std::fs::write(&kept, h.stderr());
+                eprintln!("host {name}'s log kept at {}", kept.display());
+            }
+            std::panic::resume_unwind(panic);
+        }
         eprintln!("[migration {n}] guest at round {round} on host {}", n % 2);
         for h in &mut hosts {
             h.assert_alive();
