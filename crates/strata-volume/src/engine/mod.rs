@@ -660,12 +660,16 @@ impl Engine {
                         self.refuse_if_handed_over(name)?;
                         None
                     }
-                    OpenAs::Taker => None,
-                    OpenAs::Successor(token) => Some(token),
+                    // A take may take back what this engine handed over.
+                    OpenAs::Taker => {
+                        self.handed_over.lock().remove(name);
+                        None
+                    }
+                    OpenAs::Successor(token) => {
+                        self.handed_over.lock().remove(name);
+                        Some(token)
+                    }
                 };
-                if open_as != OpenAs::Client {
-                    self.handed_over.lock().remove(name);
-                }
                 self.wait_for_finishing_close(name).await;
                 let _user = HostUser::new(&self.host_users);
                 Volume::open(
@@ -815,7 +819,7 @@ impl Drop for HostUser<'_> {
 }
 
 /// Who opens a volume (`Engine::open_volume_as`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) enum OpenAs<'a> {
     /// A client: refused for a while after this engine handed it over.
     Client,

@@ -76,8 +76,9 @@ pub(crate) async fn recover_from_store(
     let mut next = base + 1;
     let mut data_sizes = BTreeMap::new();
     loop {
-        // The listed run from `next`, read at once; then a probe past it.
-        let run: Vec<(u64, u64)> = (next..)
+        // The listed run from `next`, read at once; past it, a probe (a
+        // segment found is a run of one).
+        let mut run: Vec<(u64, u64)> = (next..)
             .map_while(|s| listed.get(&s).map(|&size| (s, size)))
             .collect();
         if run.is_empty() {
@@ -87,15 +88,7 @@ pub(crate) async fn recover_from_store(
             };
             let Some(size) = probed else { break };
             tracing::warn!(volume = %names.volume_prefix(), seq = next, "the store's listing did not show a segment it holds; recovering it");
-            let (idx, entries) =
-                fetch_segment_header(store, names, next, uuid, manifest.size_bytes, data_key)
-                    .await?;
-            apply_entries(&mut map, next, &entries);
-            data_sizes.insert(next, idx.fixed.data_bytes);
-            span = Some(idx.fixed.span);
-            stored.insert(next, size);
-            next += 1;
-            continue;
+            run.push((next, size));
         }
         first_probe = None;
         let size = manifest.size_bytes;
