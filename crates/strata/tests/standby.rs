@@ -20,6 +20,8 @@
 //!     data dir (its server running) takes the volume, and its next client
 //!     writes at once. A server with `--standby off` refuses the client,
 //!     naming the holder.
+//! (b2) A holder that does not answer (SIGSTOP): the standby's write fails
+//!     at its bound, and the holder, running again, keeps the volume.
 //! (c) Host loss: the holder is killed (-9) while a standby waits; the
 //!     standby's write takes the volume once the holder's liveness expires,
 //!     with every write the holder acknowledged a FLUSH (or FUA) for.
@@ -223,6 +225,54 @@ fn standby_policies_explicit_and_off_and_the_wait_bound() {
     d.stop();
     a.stop();
     eprintln!("standby policies: {:.1?}", t.elapsed());
+}
+
+/// (b2) The holder does not answer (its process stopped, SIGSTOP, as a
+/// host that hangs): the standby's write fails at its bound
+/// (`--standby-wait-ms 3000`, every step of the take together), saying
+/// so; when the holder runs again it does not hand the volume to the
+/// standby that stopped waiting (the request carried the deadline), keeps
+/// it, and its client writes on.
+#[test]
+fn a_standby_whose_holder_does_not_answer_fails_its_write_at_the_bound() {
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let store = S3Store::on_shared("standby-frozen");
+    let target = Target::strata_s3(&store, &["--lease-ttl-ms", "60000"]);
+    let a = Server::start(&tmp.path().join("a"), target.clone(), &[("vol", VOL)]);
+    let waits = target.with_args(&["--standby-wait-ms", "3000"]);
+    let b = Server::start(&tmp.path().join("b"), waits, &[]);
+    let mut s = NbdSession::start();
+    s.ok(&format!("open a {}", a.vol_uri()));
+    s.ok("write a 0 65 4096 1");
+    s.ok(&format!("open b {}", b.uri("vol")));
+    assert_eq!(s.fill("b", 0, 4096), 65, "the standby reads A's write");
+
+    a.signal(libc::SIGSTOP);
+    let asked = Instant::now();
+    let reply = s.cmd("write b 4096 66 4096 1");
+    let waited = asked.elapsed();
+    a.signal(libc::SIGCONT);
+    assert!(
+        reply.starts_with("err"),
+        "the standby wrote while its holder was stopped: {reply}"
+    );
+    assert!(
+        waited >= Duration::from_millis(2900) && waited < Duration::from_secs(6),
+        "the standby's write failed after {waited:?}, not at its 3 s bound"
+    );
+    wait_log(&b, "not taken over from", Duration::from_secs(5));
+    // The holder, running again, reads the request it was sent while
+    // stopped and refuses it: the standby stopped waiting.
+    wait_log(&a, "stopped waiting", Duration::from_secs(15));
+    s.ok("write a 8192 67 4096 1");
+    assert_eq!(s.fill("a", 0, 4096), 65);
+    assert_eq!(s.fill("a", 8192, 4096), 67, "A lost the volume");
+    assert!(
+        !a.stderr().contains("volume handed over on request"),
+        "A handed the volume over after its standby stopped waiting:\n{}",
+        a.stderr()
+    );
 }
 
 /// (c) The holder's host dies while a standby waits: the standby's write

@@ -52,6 +52,12 @@ const REGISTRATION_POLL: Duration = Duration::from_millis(100);
 /// How often a standby that asked through the store looks at the lease
 /// for its own token.
 const HANDED_POLL: Duration = Duration::from_millis(25);
+/// How long a standby looks for the end of a transfer past its deadline:
+/// a holder begins none after the deadline (`Successor::until_unix_ms`),
+/// and one it began finishes within this (its close uploads at most what
+/// standby mode leaves: about a second of writes). The waiting write has
+/// failed by then; the volume opened here serves the writes after it.
+const TRANSFER_GRACE: Duration = Duration::from_secs(10);
 /// Pause between tries while a handover is refused (holder busy, or its
 /// host expired and the volume is about to be free).
 const TAKE_RETRY: Duration = Duration::from_millis(250);
@@ -281,20 +287,20 @@ impl Engine {
             let asked = s.asked.lock().clone();
             return Ok(outcome(asked, true, false));
         }
-        let (_, asked) = take(self, name, timeout, "").await?;
+        let (_, asked) = take(self, name, Instant::now() + timeout, "").await?;
         Ok(outcome(asked, false, false))
     }
 }
 
 /// Opens volume `name`, asking its holder to hand it over while it is
-/// held elsewhere, until `timeout`; with the last handover asked.
+/// held elsewhere, until `deadline`; with the last handover asked.
 async fn take(
     engine: &Engine,
     name: &str,
-    timeout: Duration,
+    deadline: Instant,
     holder: &str,
 ) -> Result<(Arc<Volume>, Option<HandoverOutcome>), VolumeError> {
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
     let mut asked = None;
     loop {
         let why = match engine.open_volume_to_take(name).await {
@@ -306,7 +312,7 @@ async fn take(
         if left.is_zero() {
             return Err(VolumeError::Busy(format!(
                 "volume {name:?}: not handed over within {} ms{holder}: {why}",
-                timeout.as_millis()
+                started.elapsed().as_millis()
             )));
         }
         match engine.request_handover(name, left).await {
@@ -360,7 +366,7 @@ impl Standby {
     /// The volume, for a write, TRIM or FLUSH: taken now (`Auto`), or once
     /// an explicit take gave it (`Explicit`), waiting at most
     /// `standby_wait_ms`.
-    pub async fn volume_to_write(&self) -> Result<Arc<Volume>, VolumeError> {
+    pub async fn volume_to_write(self: &Arc<Self>) -> Result<Arc<Volume>, VolumeError> {
         if let Some(v) = self.taken.get() {
             return Ok(v.clone());
         }
@@ -402,20 +408,56 @@ impl Standby {
         }
     }
 
-    /// Takes the volume: asks the holder to hand over, opens it.
-    pub async fn take(&self, timeout: Duration) -> Result<Arc<Volume>, VolumeError> {
+    /// Takes the volume: asks the holder to hand over, opens it; waits at
+    /// most `timeout`, all steps together.
+    ///
+    /// The take runs in a task of its own: a write that stops waiting at
+    /// its bound does not cut it short (an open cut half-way could leave
+    /// the lease naming this host with no volume open here), and the
+    /// writes after it wait for the same take.
+    pub async fn take(self: &Arc<Self>, timeout: Duration) -> Result<Arc<Volume>, VolumeError> {
+        if let Some(v) = self.taken.get() {
+            return Ok(v.clone());
+        }
+        let deadline = Instant::now() + timeout;
+        let me = self.clone();
+        let taking = tokio::spawn(async move { me.take_once(deadline).await });
+        let waited =
+            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), taking).await;
+        match waited {
+            Ok(Ok(taken)) => taken,
+            Ok(Err(e)) => Err(VolumeError::Failed {
+                name: self.name.clone(),
+                detail: format!("the takeover stopped: {e}"),
+            }),
+            Err(_) => {
+                tracing::warn!(volume = %self.name, timeout_ms = timeout.as_millis() as u64, holder = %self.holder, "a write waited its bound for the takeover, which goes on; the write fails");
+                Err(VolumeError::Busy(format!(
+                    "volume {:?}: not taken over from {} within {} ms (--standby-wait-ms); the takeover goes on, later writes use it once done",
+                    self.name,
+                    self.holder,
+                    timeout.as_millis()
+                )))
+            }
+        }
+    }
+
+    /// The take itself, once per standby (the writes that arrive while it
+    /// runs wait for it), its steps bounded by `deadline`.
+    async fn take_once(&self, deadline: Instant) -> Result<Arc<Volume>, VolumeError> {
         let holder = format!(" by {}", self.holder);
         let taken = self
             .taken
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let (v, asked) = match self.take_handed(timeout).await {
+                let (v, asked) = match self.take_handed(deadline).await {
                     Some(taken) => taken,
-                    None => take(&self.engine, &self.name, timeout, &holder).await?,
+                    None => take(&self.engine, &self.name, deadline, &holder).await?,
                 };
+                let handover_ms = asked.as_ref().map(|a| a.elapsed_ms);
                 *self.asked.lock() = asked;
                 // Once per standby, however many writes waited for it.
-                tracing::info!(volume = %self.name, elapsed_ms = started.elapsed().as_millis() as u64, "the standby took the volume over");
+                tracing::info!(volume = %self.name, elapsed_ms = started.elapsed().as_millis() as u64, handover_ms, "the standby took the volume over");
                 Ok::<_, VolumeError>(v)
             })
             .await?;
@@ -434,11 +476,14 @@ impl Standby {
     /// lease handed over whose reply was lost (it names this host).
     async fn take_handed(
         &self,
-        timeout: Duration,
+        deadline: Instant,
     ) -> Option<(Arc<Volume>, Option<HandoverOutcome>)> {
         let started = Instant::now();
         let to = match self.engine.host().await.and_then(|h| successor_of(&h)) {
-            Ok(to) => to,
+            Ok(to) => Successor {
+                until_unix_ms: Some(crate::clock::now_ms() + millis_until(deadline)),
+                ..to
+            },
             Err(e) => {
                 tracing::info!(volume = %self.name, error = %e, "cannot name this host as the successor; taking the volume the ordinary way");
                 return None;
@@ -447,14 +492,17 @@ impl Standby {
         let (via, report) = match local_control_socket(&self.holder_host) {
             Some(socket) => (
                 "control socket",
-                Some(self.hand_over_socket(&socket, &to, timeout).await?),
+                Some(self.hand_over_socket(&socket, &to, deadline).await?),
             ),
-            None => ("store", self.hand_over_store(&to, timeout).await?),
+            None => ("store", self.hand_over_store(&to, deadline).await?),
         };
+        let handed_ms = started.elapsed().as_millis() as u64;
         let opened = self
             .engine
             .open_volume_as(&self.name, OpenAs::Successor(&to.token))
             .await;
+        let open_ms = started.elapsed().as_millis() as u64 - handed_ms;
+        tracing::info!(volume = %self.name, via, handed_ms, open_ms, opened = opened.is_ok(), "the holder handed the volume to this host");
         let vol = match opened {
             Ok(v) => v,
             Err(e) => {
@@ -482,9 +530,11 @@ impl Standby {
         &self,
         socket: &str,
         to: &Successor,
-        timeout: Duration,
+        deadline: Instant,
     ) -> Option<HandoverReport> {
         let request = serde_json::json!({"op": "handover", "volume": self.name, "to": to});
+        // A transfer the holder began before the deadline is seen through.
+        let timeout = (deadline + TRANSFER_GRACE).saturating_duration_since(Instant::now());
         let reply = tokio::time::timeout(timeout, control_call(socket, &request)).await;
         let report: HandoverReport = match reply {
             Ok(Ok(v)) => match serde_json::from_value(v) {
@@ -514,7 +564,7 @@ impl Standby {
     async fn hand_over_store(
         &self,
         to: &Successor,
-        timeout: Duration,
+        deadline: Instant,
     ) -> Option<Option<HandoverReport>> {
         let store = &self.engine.store;
         let record = &self.holder_host;
@@ -535,7 +585,9 @@ impl Standby {
                 return None;
             }
         }
-        let deadline = Instant::now() + timeout.min(Duration::from_millis(record.ttl_ms));
+        // A transfer the holder began before the deadline is seen through.
+        let deadline =
+            (deadline + TRANSFER_GRACE).min(Instant::now() + Duration::from_millis(record.ttl_ms));
         let names = ObjectNames::new(&self.name);
         loop {
             match read_lease(store, &names).await {
@@ -555,6 +607,13 @@ impl Standby {
             tokio::time::sleep(HANDED_POLL).await;
         }
     }
+}
+
+/// Whole milliseconds from now until `deadline` (0 once past).
+fn millis_until(deadline: Instant) -> u64 {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis() as u64
 }
 
 impl Drop for Standby {

@@ -28,9 +28,10 @@
 //!                   "standby" (a host stands by to take it: upload on
 //!                   FLUSH) or "standby_gone"; a handover may name `to`,
 //!                   the successor to write the lease over to:
-//!                   {holder, pid, host_id, incarnation, token}, each
-//!                   string 1 to MAX_SUCCESSOR_FIELD_BYTES bytes (checked
-//!                   before use, `Successor::validate`)
+//!                   {holder, pid, host_id, incarnation, token,
+//!                   until_unix_ms (optional: no transfer begins after
+//!                   it)}, each string 1 to MAX_SUCCESSOR_FIELD_BYTES
+//!                   bytes (checked before use, `Successor::validate`)
 //! ```
 
 use bytes::Bytes;
@@ -93,6 +94,11 @@ pub struct Successor {
     pub incarnation: String,
     /// Random, chosen by the successor: tells the lease it was given.
     pub token: String,
+    /// Wall clock the successor waits until: a holder does not begin the
+    /// transfer later (the successor's write failed at its bound, and the
+    /// volume stays with the holder). Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_unix_ms: Option<u64>,
 }
 
 impl Successor {
@@ -216,6 +222,7 @@ mod tests {
                         host_id: "0".repeat(32),
                         incarnation: "inc".into(),
                         token: "tok".into(),
+                        until_unix_ms: Some(9),
                     }),
                 },
             ],

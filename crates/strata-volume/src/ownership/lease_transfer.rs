@@ -46,6 +46,7 @@ pub fn successor_of(host: &HostLiveness) -> Result<Successor, VolumeError> {
         host_id: host.id.clone(),
         incarnation,
         token: uuid::Uuid::new_v4().simple().to_string(),
+        until_unix_ms: None,
     })
 }
 
@@ -204,6 +205,7 @@ mod tests {
             host_id: "0".repeat(32),
             incarnation: "i".into(),
             token: "t".into(),
+            until_unix_ms: None,
         };
         assert!(s.validate().is_ok());
         let empty = Successor {
