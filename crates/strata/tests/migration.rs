@@ -646,41 +646,29 @@ fn control_the_same_migrations_with_qemu_storage_daemon_as_the_disk() {
     let tmp = tempfile::TempDir::new().unwrap();
     let dir = tmp.path();
     let image = make_root_image(dir, WRITE_VERIFY_INIT, ROOT_SIZE_BYTES);
-    let socket = dir.join("peer.sock");
-    // STRATA_CONTROL_DELAY_MS=N: nbdkit's file plugin with N ms on every
-    // request (a disk as slow as a store's) instead.
-    let delay_ms = std::env::var("STRATA_CONTROL_DELAY_MS").ok();
-    let mut peer_cmd = match &delay_ms {
-        None => {
-            let mut c = Command::new("qemu-storage-daemon");
-            c.arg("--blockdev")
-                .arg(format!(
-                    "driver=file,node-name=f,filename={},cache.direct=on",
-                    image.display()
-                ))
-                .arg("--nbd-server")
-                .arg(format!("addr.type=unix,addr.path={}", socket.display()))
-                .args(["--export", "type=nbd,id=e,node-name=f,name=vm,writable=on"]);
-            c
-        }
-        Some(ms) => {
-            let mut c = Command::new("nbdkit");
-            c.args(["-f", "--exportname=vm", "-U"])
-                .arg(&socket)
-                .args(["--filter=delay", "file"])
-                .arg(format!("file={}", image.display()))
-                .arg(format!("delay-read={ms}ms"))
-                .arg(format!("delay-write={ms}ms"));
-            c
-        }
-    };
-    let _peer = BgProcess::spawn("disk-peer", &mut peer_cmd);
-    let t0 = Instant::now();
-    while !socket.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "qsd did not listen");
-        thread::sleep(Duration::from_millis(50));
-    }
-    let mut vm = Vm::start(&boot, dir, "vm0", (Disk::Nbd, &socket), false);
+    // Two peers on the one file, as two hosts (STRATA_CONTROL_ONE_PEER:
+    // one, which both QEMUs connect to).
+    let two = std::env::var_os("STRATA_CONTROL_ONE_PEER").is_none();
+    let sockets: Vec<PathBuf> = ["peer-a.sock", "peer-b.sock"][..if two { 2 } else { 1 }]
+        .iter()
+        .map(|s| dir.join(s))
+        .collect();
+    let _peers: Vec<BgProcess> = sockets
+        .iter()
+        .map(|socket| {
+            let peer = BgProcess::spawn("disk-peer", &mut disk_peer(&image, socket));
+            let t0 = Instant::now();
+            while !socket.exists() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "{socket:?}: no listener"
+                );
+                thread::sleep(Duration::from_millis(50));
+            }
+            peer
+        })
+        .collect();
+    let mut vm = Vm::start(&boot, dir, "vm0", (Disk::Nbd, &sockets[0]), false);
     let mut round = vm.wait_round(1, BOOT_TIMEOUT, "boot");
     for n in 1..=MIGRATIONS {
         // As above: odd migrations pause before the switchover.
@@ -689,7 +677,7 @@ fn control_the_same_migrations_with_qemu_storage_daemon_as_the_disk() {
         } else {
             Switchover::Explicit
         };
-        let to = (None, Disk::Nbd, socket.as_path());
+        let to = (None, Disk::Nbd, sockets[n % sockets.len()].as_path());
         vm = migrate(&boot, dir, n, &mut vm, to, how);
         round = vm.wait_round(
             round + ROUNDS_PER_EVENT,
@@ -700,4 +688,35 @@ fn control_the_same_migrations_with_qemu_storage_daemon_as_the_disk() {
     }
     let _ = vm.qmp.execute("quit", json!({}));
     vm.qemu.wait(Duration::from_secs(60));
+}
+
+/// The control's disk server for `image` on `socket`: qemu-storage-daemon
+/// (no file locking: two of them share the file, as two hosts share a
+/// store), or with STRATA_CONTROL_DELAY_MS=N nbdkit's file plugin with N
+/// ms on every request (a disk as slow as a store's).
+fn disk_peer(image: &Path, socket: &Path) -> Command {
+    match std::env::var("STRATA_CONTROL_DELAY_MS") {
+        Err(_) => {
+            let mut c = Command::new("qemu-storage-daemon");
+            c.arg("--blockdev")
+                .arg(format!(
+                    "driver=file,node-name=f,filename={},cache.direct=on,locking=off",
+                    image.display()
+                ))
+                .arg("--nbd-server")
+                .arg(format!("addr.type=unix,addr.path={}", socket.display()))
+                .args(["--export", "type=nbd,id=e,node-name=f,name=vm,writable=on"]);
+            c
+        }
+        Ok(ms) => {
+            let mut c = Command::new("nbdkit");
+            c.args(["-f", "--exportname=vm", "-U"])
+                .arg(socket)
+                .args(["--filter=delay", "file"])
+                .arg(format!("file={}", image.display()))
+                .arg(format!("delay-read={ms}ms"))
+                .arg(format!("delay-write={ms}ms"));
+            c
+        }
+    }
 }
