@@ -215,6 +215,17 @@ impl Vm {
         }
     }
 
+    /// The guest's RAM (`pmemsave` through `path`, which is removed).
+    fn save_ram(&mut self, path: &Path) -> Vec<u8> {
+        let args = json!({"val": 0, "size": GUEST_RAM_BYTES, "filename": path.to_str().unwrap()});
+        if let Err(e) = self.qmp.execute("pmemsave", args) {
+            self.fail(&e);
+        }
+        let bytes = std::fs::read(path).unwrap();
+        let _ = std::fs::remove_file(path);
+        bytes
+    }
+
     fn status(&mut self) -> String {
         let s = self.qmp.execute("query-status", json!({})).unwrap();
         s["status"].as_str().unwrap_or_default().to_string()
@@ -229,6 +240,17 @@ enum Switchover {
     /// `strata volume handover vm` on the destination at QEMU's
     /// pre-switchover pause.
     Explicit,
+}
+
+impl Switchover {
+    /// Migration `n`'s: even ones automatic, odd ones explicit.
+    fn of(n: usize) -> Switchover {
+        if n.is_multiple_of(2) {
+            Switchover::Automatic
+        } else {
+            Switchover::Explicit
+        }
+    }
 }
 
 /// Migrates `src` to a new QEMU on `dest` (the destination server);
@@ -258,6 +280,8 @@ fn migrate(
         .execute("migrate", json!({ "uri": uri }))
         .unwrap_or_else(|e| src.fail(&e));
     let mut handed = false;
+    // The stopped source's RAM at the pause (the RAM check's).
+    let mut pause_ram = None;
     loop {
         let q = src
             .qmp
@@ -272,13 +296,7 @@ fn migrate(
             )),
             "pre-switchover" if !handed => {
                 if ram_check() {
-                    let path = dir.join(format!("ram{n}-pause.bin"));
-                    src.qmp
-                        .execute(
-                            "pmemsave",
-                            json!({"val": 0, "size": GUEST_RAM_BYTES, "filename": path.to_str().unwrap()}),
-                        )
-                        .unwrap_or_else(|e| src.fail(&e));
+                    pause_ram = Some(src.save_ram(&dir.join(format!("ram{n}-pause.bin"))));
                 }
                 // No strata destination (the control below): the pause
                 // alone, STRATA_CONTROL_PAUSE_MS long (the handover's time).
@@ -319,7 +337,7 @@ fn migrate(
     );
     let took = t0.elapsed();
     if ram_check() {
-        compare_ram(dir, n, src, &mut to);
+        compare_ram(dir, n, (src, &mut to), pause_ram.as_deref());
     }
     let t1 = Instant::now();
     while to.status() != "running" {
@@ -348,19 +366,9 @@ fn ram_check() -> bool {
 
 const GUEST_RAM_BYTES: u64 = 256 * MIB;
 
-fn compare_ram(dir: &Path, n: usize, src: &mut Vm, to: &mut Vm) {
-    let dumps = [("src", &mut *src), ("dest", &mut *to)].map(|(side, vm)| {
-        let path = dir.join(format!("ram{n}-{side}.bin"));
-        vm.qmp
-            .execute(
-                "pmemsave",
-                json!({"val": 0, "size": GUEST_RAM_BYTES, "filename": path.to_str().unwrap()}),
-            )
-            .unwrap_or_else(|e| vm.fail(&e));
-        let bytes = std::fs::read(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        bytes
-    });
+fn compare_ram(dir: &Path, n: usize, (src, to): (&mut Vm, &mut Vm), pause: Option<&[u8]>) {
+    let dumps = [("src", &mut *src), ("dest", &mut *to)]
+        .map(|(side, vm)| vm.save_ram(&dir.join(format!("ram{n}-{side}.bin"))));
     let differing: Vec<usize> = dumps[0]
         .chunks(4096)
         .zip(dumps[1].chunks(4096))
@@ -385,7 +393,7 @@ fn compare_ram(dir: &Path, n: usize, src: &mut Vm, to: &mut Vm) {
             )
         }
     );
-    if let Ok(pause) = std::fs::read(dir.join(format!("ram{n}-pause.bin"))) {
+    if let Some(pause) = pause {
         let since: Vec<String> = pause
             .chunks(4096)
             .zip(dumps[0].chunks(4096))
@@ -459,11 +467,7 @@ fn migrates_ten_times(disk: Disk) {
     let mut vm = Vm::start(&boot, dir, "vm0", (disk, &socket), false);
     let mut round = vm.wait_round(1, BOOT_TIMEOUT, "boot");
     for n in 1..=MIGRATIONS {
-        let how = if n % 2 == 0 {
-            Switchover::Automatic
-        } else {
-            Switchover::Explicit
-        };
+        let how = Switchover::of(n);
         let dest = &hosts[n % 2];
         // A failure keeps both servers' logs beside the console's.
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -671,12 +675,7 @@ fn control_the_same_migrations_with_qemu_storage_daemon_as_the_disk() {
     let mut vm = Vm::start(&boot, dir, "vm0", (Disk::Nbd, &sockets[0]), false);
     let mut round = vm.wait_round(1, BOOT_TIMEOUT, "boot");
     for n in 1..=MIGRATIONS {
-        // As above: odd migrations pause before the switchover.
-        let how = if n % 2 == 0 {
-            Switchover::Automatic
-        } else {
-            Switchover::Explicit
-        };
+        let how = Switchover::of(n);
         let to = (None, Disk::Nbd, sockets[n % sockets.len()].as_path());
         vm = migrate(&boot, dir, n, &mut vm, to, how);
         round = vm.wait_round(
