@@ -62,10 +62,14 @@ impl Engine {
                 transferred: false,
             });
         };
-        if let Some(until) = to.and_then(|t| t.until_unix_ms) {
+        if let Some(&Successor {
+            until_unix_ms: Some(until),
+            holder: ref by,
+            ..
+        }) = to
+        {
             let now = crate::clock::now_ms();
             if now >= until {
-                let by = to.map_or("", |t| t.holder.as_str());
                 tracing::info!(volume = %name, by, late_ms = now - until, "a handover asked for after its asker stopped waiting; the volume stays here");
                 return Err(VolumeError::Busy(format!(
                     "volume {name:?}: the standby {by} stopped waiting for it {} ms ago; the volume stays with this server",
