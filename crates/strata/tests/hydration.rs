@@ -256,6 +256,134 @@ fn a_clone_on_a_new_host_becomes_local_then_reads_send_no_get() {
     server.stop();
 }
 
+/// Each stored byte fetched once: a volume written in random 64 KiB
+/// blocks (each segment holds blocks of every part of the volume) is
+/// hydrated in GETs that bring about its stored bytes, not once per part
+/// of the address space (2.0x its stored bytes before, for 512 MiB).
+#[test]
+fn a_randomly_written_volume_is_hydrated_fetching_each_stored_byte_once() {
+    require_tools(&["qemu-io"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let sp = tmp.path().join("stats.json").display().to_string();
+    let store = S3Store::on_shared("hydrate-random");
+    let size = 512 * MIB;
+    let target = Target::strata_s3(&store, &args(&sp, "1GiB", &[]));
+    let mut server = Server::start(tmp.path(), target, &[("rnd", size)]);
+    // A quarter of the volume's blocks, in a seeded random order.
+    let mut blocks: Vec<u64> = (0..size / BLOCK).collect();
+    let mut rng = Rng::new(43);
+    for i in (1..blocks.len()).rev() {
+        blocks.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    blocks.truncate(2048);
+    let cmd = |verb: &str, i: usize, b: u64| format!("{verb} -P {} {} 64k", i % 250 + 1, b * BLOCK);
+    let writes: Vec<String> = blocks
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| cmd("write", i, b))
+        .collect();
+    let refs: Vec<&str> = writes.iter().map(String::as_str).collect();
+    write(&server, "rnd", &refs);
+    server.restart_on_new_host();
+
+    let h = wait_state(&server, "rnd", "done");
+    let (total, fetched) = (
+        h["total_bytes"].as_u64().unwrap(),
+        h["fetched_bytes"].as_u64().unwrap(),
+    );
+    assert!(total >= 2048 * BLOCK, "{h}");
+    assert!(
+        fetched * 100 <= total * 105,
+        "hydration fetched {fetched} bytes for {total} stored: {h}"
+    );
+    let reads: Vec<String> = blocks
+        .iter()
+        .enumerate()
+        .step_by(64)
+        .map(|(i, &b)| cmd("read", i, b))
+        .collect();
+    qemu_io_verify(&server.uri("rnd"), &reads, "hydrated");
+    server.stop();
+}
+
+/// The client first: while hydration fetches a volume from a store 20 ms
+/// away, a client's random 4 KiB reads keep their latency: p99 with
+/// hydration at most 2x what it is without (each on a new host).
+#[test]
+fn a_clients_reads_keep_their_latency_while_hydration_runs() {
+    require_tools(&["qemu-io", "fio"]);
+    let _serial = serial();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let sp = tmp.path().join("stats.json").display().to_string();
+    let store = S3Store::on_shared("hydrate-latency");
+    let size = 2 * GIB;
+    let target = Target::strata_s3(&store, &args(&sp, "3GiB", &[]));
+    let mut server = Server::start(tmp.path(), target, &[("vol", size)]);
+    let fills: Vec<String> = (0..size / (64 * MIB))
+        .map(|i| format!("write -P {} {} 64M", i % 250 + 1, i * 64 * MIB))
+        .collect();
+    let refs: Vec<&str> = fills.iter().map(String::as_str).collect();
+    write(&server, "vol", &refs);
+    server.stop();
+
+    let upstream: std::net::SocketAddr = store
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let cfg = strata_testkit::LatencyConfig::new(20, 5);
+    let proxy = strata_testkit::LatencyProxy::start(upstream, cfg).unwrap();
+    let mut far = store.clone();
+    far.endpoint = proxy.http_endpoint();
+    for (k, v) in &mut far.env {
+        if k == "AWS_ENDPOINT_URL" {
+            *v = proxy.http_endpoint();
+        }
+    }
+    let p99_ms = |hydrate: &str| -> f64 {
+        let dir = tmp.path().join(format!("host-hydrate-{hydrate}"));
+        let target = Target::strata_s3(&far, &args(&sp, "3GiB", &["--hydrate", hydrate]));
+        let mut s = Server::start(&dir, target, &[("vol", size)]);
+        let jobs = fio_json(
+            &dir,
+            &[
+                "--name=reads".into(),
+                "--ioengine=nbd".into(),
+                format!("--uri={}", s.uri("vol")),
+                "--rw=randread".into(),
+                "--bs=4k".into(),
+                "--iodepth=1".into(),
+                "--time_based".into(),
+                "--runtime=4".into(),
+                "--norandommap".into(),
+                "--randrepeat=0".into(),
+            ],
+            Duration::from_secs(120),
+        );
+        let h = hydration(&s, "vol");
+        if hydrate == "on" {
+            assert_eq!(
+                h["state"], "running",
+                "hydration must run through the measurement: {h}"
+            );
+        }
+        let read = &jobs[0]["read"];
+        let p99 = read["clat_ns"]["percentile"]["99.000000"].as_f64().unwrap() / 1e6;
+        eprintln!(
+            "hydrate {hydrate}: {} reads, p99 {p99:.1} ms; hydration {h}",
+            read["total_ios"]
+        );
+        s.stop();
+        p99
+    };
+    let (off, on) = (p99_ms("off"), p99_ms("on"));
+    assert!(
+        on <= 2.0 * off,
+        "p99 of 4 KiB reads {on:.1} ms while hydrating, {off:.1} ms without"
+    );
+}
+
 #[test]
 fn kill_9_during_hydration_resumes_without_fetching_what_is_local() {
     require_tools(&["qemu-io"]);

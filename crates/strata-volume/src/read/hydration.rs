@@ -220,30 +220,15 @@ pub(crate) async fn hydrate_segment(
     progress: &Hydration,
     gaps: Gaps,
 ) -> Result<SegmentOutcome, VolumeError> {
-    let key = |block: u64| BlockKey {
-        volume_key: reader.volume_key,
-        seq,
-        block: u32::try_from(block).unwrap_or(u32::MAX),
-    };
     let blocks_of = |&(offset, len): &(u64, u64)| {
         let chunk_bytes = CHUNK_BYTES * CHUNKS_PER_BLOCK;
         offset / chunk_bytes..=(offset + len.max(1) - 1) / chunk_bytes
     };
-    let mut missing: Vec<u64> = pieces
-        .iter()
-        .flat_map(blocks_of)
-        .filter(|&b| !caches.disk.contains(&key(b)) && caches.disk.has_room_for(&key(b)))
-        .collect();
-    missing.sort_unstable();
-    missing.dedup();
-    // Blocks others fetched (a client read, another clone's hydration) go
-    // to disk through them: counted as local. Ours are on disk, or not
-    // (no free slot after all), once `fetch_blocks` returns.
-    let mut theirs: Vec<u64> = Vec::new();
-    if !missing.is_empty() {
-        theirs = fetch_blocks(caches, reader, seq, &missing, progress, gaps).await?;
-    }
-    let local = |b: u64| theirs.binary_search(&b).is_ok() || caches.disk.contains(&key(b));
+    let mut blocks: Vec<u64> = pieces.iter().flat_map(blocks_of).collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    let theirs = fetch_missing(caches, reader, seq, &blocks, progress, gaps).await?;
+    let local = |b: u64| is_local(caches, reader, seq, &theirs, b);
     let mut out = SegmentOutcome::default();
     for p in pieces {
         if blocks_of(p).all(local) {
@@ -253,6 +238,73 @@ pub(crate) async fn hydrate_segment(
         }
     }
     Ok(out)
+}
+
+/// Fetches into the disk cache the blocks `blocks` (sorted, distinct) of
+/// segment `seq` that the cache lacks, all of them kept (hydration's main
+/// pass: each a block of live data); returns how many of `blocks` are
+/// local afterwards.
+pub(crate) async fn hydrate_blocks(
+    caches: &SharedCaches,
+    reader: &VolumeReader,
+    seq: u64,
+    blocks: &[u64],
+    progress: &Hydration,
+    gaps: Gaps,
+) -> Result<u64, VolumeError> {
+    let theirs = fetch_missing(caches, reader, seq, blocks, progress, gaps).await?;
+    let local = blocks
+        .iter()
+        .filter(|&&b| is_local(caches, reader, seq, &theirs, b))
+        .count();
+    Ok(local as u64)
+}
+
+fn block_key(reader: &VolumeReader, seq: u64, block: u64) -> BlockKey {
+    BlockKey {
+        volume_key: reader.volume_key,
+        seq,
+        block: u32::try_from(block).unwrap_or(u32::MAX),
+    }
+}
+
+/// Whether block `block` is local after a fetch: on disk, or fetched by
+/// another (`theirs`, sorted), which writes it.
+fn is_local(
+    caches: &SharedCaches,
+    reader: &VolumeReader,
+    seq: u64,
+    theirs: &[u64],
+    block: u64,
+) -> bool {
+    theirs.binary_search(&block).is_ok() || caches.disk.contains(&block_key(reader, seq, block))
+}
+
+/// Fetches the blocks of `blocks` (sorted, distinct) the disk cache lacks
+/// and has room for; returns the blocks others were fetching (sorted).
+async fn fetch_missing(
+    caches: &SharedCaches,
+    reader: &VolumeReader,
+    seq: u64,
+    blocks: &[u64],
+    progress: &Hydration,
+    gaps: Gaps,
+) -> Result<Vec<u64>, VolumeError> {
+    let missing: Vec<u64> = blocks
+        .iter()
+        .copied()
+        .filter(|&b| {
+            let key = block_key(reader, seq, b);
+            !caches.disk.contains(&key) && caches.disk.has_room_for(&key)
+        })
+        .collect();
+    // Blocks others fetched (a client read, another clone's hydration) go
+    // to disk through them: counted as local. Ours are on disk, or not
+    // (no free slot after all), once `fetch_blocks` returns.
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    fetch_blocks(caches, reader, seq, &missing, progress, gaps).await
 }
 
 /// Claims and fetches the chunks of `blocks` (sorted, distinct), coalesced

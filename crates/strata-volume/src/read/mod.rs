@@ -38,14 +38,16 @@ mod prefetch;
 mod prefetched_runs;
 mod ram_cache;
 mod readahead;
+mod reader_activity;
 mod segment_fetch;
 mod shared_caches;
 mod volume_reader;
 
 pub use block_cache::DiskCacheStats;
+pub(crate) use block_cache::BLOCK_BYTES;
 pub(crate) use disk_writer::OnDone;
 pub(crate) use fetch_plan::{stored_pieces_in, StoredPiece};
-pub(crate) use hydration::{hydrate_segment, Gaps, Hydration};
+pub(crate) use hydration::{hydrate_blocks, hydrate_segment, Gaps, Hydration};
 pub use hydration::{HydrationState, HydrationStats};
 pub(crate) use prefetch::{start_readahead, MAX_WINDOW_PIECES};
 pub use ram_cache::CacheStats;

@@ -43,7 +43,12 @@ impl VolumeReader {
             run.clone()
         };
         let range = idx.chunk_range(get.start, get.end - 1);
+        // A client's miss while hydrating: hydration hears of it (and
+        // counts it) to fetch what lies ahead of the reader.
+        let client_miss = kind == FetchKind::Read && self.hydrating.load(Ordering::Relaxed) > 0;
+        let in_flight = client_miss.then(|| self.activity.fetch_started());
         let stored = self.get_range(caches, seq, range, kind).await?;
+        drop(in_flight);
         let bytes = match idx.decode_run(get.start, &stored) {
             Ok(std::borrow::Cow::Borrowed(_)) => stored,
             Ok(std::borrow::Cow::Owned(decoded)) => Bytes::from(decoded),

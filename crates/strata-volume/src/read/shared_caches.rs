@@ -212,6 +212,7 @@ impl SharedCaches {
                     hydrating: AtomicU64::new(0),
                     disk_read_ahead: Mutex::new((u64::MAX, 0)),
                     gets_in_flight: std::sync::atomic::AtomicUsize::new(0),
+                    activity: Default::default(),
                 })
             })
             .clone()

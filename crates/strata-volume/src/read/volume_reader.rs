@@ -22,6 +22,7 @@ use strata_store::{ObjectNames, Store};
 use super::fetch_plan::{ChunkKey, FetchKind, RunBytes, SegmentChunks, StoredPiece};
 use super::inflight::Claim;
 use super::readahead::Streams;
+use super::reader_activity::ReaderActivity;
 use super::shared_caches::SharedCaches;
 use crate::error::VolumeError;
 use crate::format::key_wrap::Key;
@@ -59,6 +60,8 @@ pub(crate) struct VolumeReader {
     /// This volume's data GETs in flight (its part of the server's fair
     /// share, `SharedCaches::gets_in_flight`).
     pub gets_in_flight: std::sync::atomic::AtomicUsize,
+    /// What its clients do, for hydration to put them first.
+    pub activity: ReaderActivity,
 }
 
 impl VolumeReader {
@@ -107,6 +110,11 @@ impl VolumeReader {
         seq: u64,
         mut pieces: Vec<StoredPiece<'_>>,
     ) -> Result<(), VolumeError> {
+        if self.hydrating.load(Ordering::Relaxed) > 0 {
+            if let Some(p) = pieces.first() {
+                self.activity.note_read(seq, p.offset);
+            }
+        }
         let idx = self.segment_index(caches, seq).await?;
         let mut numbers = Vec::new();
         for p in &pieces {

@@ -39,6 +39,7 @@ mod counters;
 mod flatten;
 mod gc;
 mod hydrate;
+mod live_blocks;
 mod open;
 mod profile;
 mod qos;

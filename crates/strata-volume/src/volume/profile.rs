@@ -6,14 +6,19 @@
 //! (`hydrate.rs`), before their guest asks.
 //!
 //! A recording covers the first `RECORD_MS` after the first read or
-//! `RECORD_BYTES` of reads, whichever ends first, merged where reads
-//! follow each other; it is stored when it ends (or the volume closes).
+//! `RECORD_BYTES` of reads or `MAX_RANGES` ranges, whichever ends first,
+//! merged where reads follow each other; a read of what was recorded
+//! already is not recorded again. It is stored when it ends (or the volume
+//! closes). The bounds are a boot's, whatever its working set: measured,
+//! a boot reading 0.9 GB of files was cut at 256 MiB before (the earlier
+//! bound), and a later clone found three quarters of its reads remote.
 //! A profile that cannot be read or verified is ignored with one log line:
 //! it is a hint, never an I/O error. An encrypted volume's profile is
 //! sealed with its data key (`format/sealed_object.rs`: the bucket shows
 //! its size, not which ranges the guest reads); a clone shares its
 //! image's data key, so its clones can open it.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,9 +35,9 @@ use crate::format::sealed_object::{seal, SealedKind};
 use crate::objects::read_profile;
 
 /// A recording ends this long after the clone's first read ...
-pub(crate) const RECORD_MS: u64 = 60_000;
-/// ... or once this many bytes were read.
-pub(crate) const RECORD_BYTES: u64 = 256 << 20;
+pub(crate) const RECORD_MS: u64 = 300_000;
+/// ... or once this many bytes were read (or `MAX_RANGES` ranges).
+pub(crate) const RECORD_BYTES: u64 = 16 << 30;
 
 /// Where a clone's snapshot keeps its profile.
 #[derive(Debug, Clone)]
@@ -110,6 +115,37 @@ struct Recorder {
     first_read: Option<Instant>,
     ranges: Vec<ProfileRange>,
     bytes: u64,
+    /// What `ranges` cover, merged: start -> end (at most one entry per
+    /// range).
+    covered: BTreeMap<u64, u64>,
+}
+
+impl Recorder {
+    /// Whether `offset..end` was recorded already.
+    fn covers(&self, offset: u64, end: u64) -> bool {
+        self.covered
+            .range(..=offset)
+            .next_back()
+            .is_some_and(|(_, &e)| e >= end)
+    }
+
+    /// Notes `offset..end` as recorded, merged with what it touches.
+    fn cover(&mut self, offset: u64, end: u64) {
+        let (mut start, mut stop) = (offset, end);
+        if let Some((&s, &e)) = self.covered.range(..=offset).next_back() {
+            if e >= offset {
+                start = s;
+                stop = stop.max(e);
+            }
+        }
+        let touching: Vec<u64> = self.covered.range(start..=stop).map(|(&s, _)| s).collect();
+        for s in touching {
+            if let Some(e) = self.covered.remove(&s) {
+                stop = stop.max(e);
+            }
+        }
+        self.covered.insert(start, stop);
+    }
 }
 
 impl Recording {
@@ -138,6 +174,11 @@ impl Recording {
         if at_ms > RECORD_MS || r.bytes + len > RECORD_BYTES || r.ranges.len() >= MAX_RANGES {
             return !self.ended.swap(true, Ordering::AcqRel);
         }
+        let end = offset.saturating_add(len);
+        if r.covers(offset, end) {
+            return false;
+        }
+        r.cover(offset, end);
         r.bytes += len;
         let at_ms = at_ms as u32;
         if let Some(last) = r.ranges.last_mut() {
@@ -147,7 +188,6 @@ impl Recording {
             }
         }
         let mut at = offset;
-        let end = offset + len;
         while at < end && r.ranges.len() < MAX_RANGES {
             let n = (end - at).min(MAX_RANGE_BYTES);
             r.ranges.push(ProfileRange {
@@ -349,14 +389,16 @@ mod tests {
         assert!(!rec.note(0, 4096));
         assert!(!rec.note(4096, 4096), "merged with the one before");
         assert!(!rec.note(1 << 20, 8192));
-        assert!(!rec.note(0, 4096), "read again: a range of its own");
+        assert!(!rec.note(0, 4096), "read again: not recorded again");
+        assert!(!rec.note(4096, 8192), "partly new: recorded");
+        assert!(!rec.note((1 << 20) + 4096, 4096), "inside a recorded range");
         rec.store("c1").await;
         assert!(rec.ended() && !rec.note(5 << 20, 4096));
         let Found::Profile(p) = load_profile("c2", &at).await else {
             panic!("no profile");
         };
         let ranges: Vec<(u64, u64)> = p.ranges.iter().map(|r| (r.offset, r.len)).collect();
-        assert_eq!(ranges, vec![(0, 8192), (1 << 20, 8192), (0, 4096)]);
+        assert_eq!(ranges, vec![(0, 8192), (1 << 20, 8192), (4096, 8192)]);
         // A second recording does not replace the first.
         let other = Recording::new(at.clone());
         other.note(7 << 20, 4096);
