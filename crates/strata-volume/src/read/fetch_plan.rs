@@ -15,6 +15,14 @@ use crate::format::segment::CHUNK_BYTES;
 pub const MAX_GAP_BYTES: u64 = 64 << 10;
 /// Largest single GET (bounds the buffer one fetch holds).
 pub const MAX_GET_BYTES: u64 = 8 << 20;
+/// How far apart chunks may be and still share one GET, and the largest
+/// GET: clients' reads use `MAX_GAP_BYTES` and `MAX_GET_BYTES`, hydration
+/// its own (`hydration.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Coalescing {
+    pub max_gap_bytes: u64,
+    pub max_get_bytes: u64,
+}
 pub(crate) type ChunkKey = ([u8; 16], u64, u64);
 pub(crate) type IndexKey = ([u8; 16], u64);
 

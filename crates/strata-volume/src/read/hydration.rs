@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::block_cache::{BlockKey, CHUNKS_PER_BLOCK};
-use super::fetch_plan::{FetchKind, RunBytes};
+use super::fetch_plan::{Coalescing, FetchKind, RunBytes};
 use super::hydration_limits::MAX_HYDRATION_GETS;
 use super::shared_caches::SharedCaches;
 use super::volume_reader::VolumeReader;
@@ -190,10 +190,14 @@ impl Hydration {
 /// profile's neighbours, which hydration wants next anyway); otherwise
 /// only the missing blocks do, so data no piece holds (dead, or another
 /// volume's) never takes a slot.
+/// `get_bytes`: the largest GET; `lead`: the fetch is ahead of a client's
+/// reads (its own slots, so the rest of hydration does not hold it up).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gaps {
     pub max_bytes: u64,
     pub cache_between: bool,
+    pub get_bytes: u64,
+    pub lead: bool,
 }
 
 /// What hydrating one segment's pieces found and did.
@@ -327,12 +331,26 @@ async fn fetch_blocks(
         .collect();
     let all: Vec<usize> = (0..numbers.len()).collect();
     // Chunks a client read is fetching come back as waits: not ours.
-    let plan = caches.plan_fetch_with_gap(reader.uuid, seq, &numbers, &all, false, gaps.max_bytes);
+    let plan = caches.plan_fetch_with_gap(
+        reader.uuid,
+        seq,
+        &numbers,
+        &all,
+        false,
+        Coalescing {
+            max_gap_bytes: gaps.max_bytes,
+            max_get_bytes: gaps.get_bytes,
+        },
+    );
     let fetches = futures::stream::iter(plan.runs).map(|(run, claim)| {
         let idx = idx.clone();
         async move {
-            let _slot = caches
-                .hydration_slots
+            let slots = if gaps.lead {
+                &caches.lead_slots
+            } else {
+                &caches.hydration_slots
+            };
+            let _slot = slots
                 .acquire()
                 .await
                 .map_err(|_| VolumeError::Invalid("hydration stopped".into()))?;

@@ -46,6 +46,7 @@ mod volume_reader;
 pub use block_cache::DiskCacheStats;
 pub(crate) use block_cache::BLOCK_BYTES;
 pub(crate) use disk_writer::OnDone;
+pub(crate) use fetch_plan::MAX_GET_BYTES;
 pub(crate) use fetch_plan::{stored_pieces_in, StoredPiece};
 pub(crate) use hydration::{hydrate_blocks, hydrate_segment, Gaps, Hydration};
 pub use hydration::{HydrationState, HydrationStats};

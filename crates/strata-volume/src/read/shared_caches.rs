@@ -17,7 +17,7 @@ use super::background::Background;
 use super::block_cache::{BlockCache, BlockKey, DiskCacheStats, BLOCK_BYTES, CHUNKS_PER_BLOCK};
 use super::disk_writer::{BlockSource, Blocks, DiskWriter, OnDone};
 use super::fetch_plan::{
-    coalesce, ChunkKey, FetchPlan, IndexKey, RunBytes, MAX_GAP_BYTES, MAX_GET_BYTES,
+    coalesce, ChunkKey, Coalescing, FetchPlan, IndexKey, RunBytes, MAX_GAP_BYTES, MAX_GET_BYTES,
 };
 use super::hedge::HedgePolicy;
 use super::hydration_limits::{hydrating_volumes, hydration_slots, RateLimit};
@@ -101,8 +101,10 @@ pub struct SharedCaches {
     readers: Mutex<HashMap<[u8; 16], Arc<VolumeReader>>>,
     pub(crate) counters: StoreCounters,
     pub(crate) background: Arc<Background>,
-    /// Hydration's GETs in flight, server-wide (`hydration.rs`).
+    /// Hydration's GETs in flight, server-wide (`hydration.rs`) ...
     pub(crate) hydration_slots: Arc<tokio::sync::Semaphore>,
+    /// ... and those of its units ahead of a client's reads, apart.
+    pub(crate) lead_slots: Arc<tokio::sync::Semaphore>,
     /// Volumes hydrating at once, server-wide.
     pub(crate) hydrating_volumes: Arc<tokio::sync::Semaphore>,
     /// Hydration's bandwidth, server-wide (`--hydrate-rate`).
@@ -137,6 +139,7 @@ impl SharedCaches {
             counters: StoreCounters::default(),
             background: Arc::new(Background::default()),
             hydration_slots: hydration_slots(),
+            lead_slots: hydration_slots(),
             hydrating_volumes: hydrating_volumes(),
             hydration_rate: RateLimit::new(config.hydrate.rate_bytes_per_sec),
             hedge_reads: config.hedge_reads,
@@ -229,11 +232,14 @@ impl SharedCaches {
         missing: &[usize],
         force: bool,
     ) -> FetchPlan {
-        self.plan_fetch_with_gap(uuid, seq, numbers, missing, force, MAX_GAP_BYTES)
+        let client = Coalescing {
+            max_gap_bytes: MAX_GAP_BYTES,
+            max_get_bytes: MAX_GET_BYTES,
+        };
+        self.plan_fetch_with_gap(uuid, seq, numbers, missing, force, client)
     }
 
-    /// `plan_fetch`, joining chunks at most `max_gap_bytes` apart into one
-    /// GET (hydration: 0, so it never fetches what is local).
+    /// `plan_fetch`, coalescing as `how` says (hydration's own bounds).
     pub(crate) fn plan_fetch_with_gap(
         &self,
         uuid: [u8; 16],
@@ -241,7 +247,7 @@ impl SharedCaches {
         numbers: &[u64],
         missing: &[usize],
         force: bool,
-        max_gap_bytes: u64,
+        how: Coalescing,
     ) -> FetchPlan {
         let mut table = self.chunk_flights.lock();
         let mut waits = Vec::new();
@@ -255,8 +261,8 @@ impl SharedCaches {
         }
         let runs = coalesce(
             &own,
-            max_gap_bytes / CHUNK_BYTES,
-            MAX_GET_BYTES / CHUNK_BYTES,
+            how.max_gap_bytes / CHUNK_BYTES,
+            (how.max_get_bytes / CHUNK_BYTES).max(1),
         )
         .into_iter()
         .map(|(run, claimed)| {

@@ -20,13 +20,14 @@
 //! each stored byte is fetched once. Data in memory (open, sealed,
 //! settling segments) is local already and not counted.
 //!
-//! The client first (`run_round`): units ahead of where a client reads
-//! (its last read's segment and block, `read/reader_activity.rs`) go
-//! before the rest, so a boot's next files are local before it asks; the
-//! rest go in segment order, `UNITS_IN_FLIGHT` at once while no client
-//! reads and `UNITS_BESIDE_CLIENT` while one does. A reader with many
-//! fetches at the store (random I/O) is not followed: a lead would not
-//! serve it.
+//! The client first (`run_round`): a reader whose reads stay in a region
+//! (`reader_follow.rs`: a boot walking files, a copy) is led: the segment
+//! it reads and the next ones are fetched whole, on GET slots of their own
+//! (`LiveBlocks::take_lead`), so its next files are local before it asks,
+//! and the rest waits while it reads. Beside a reader at random, the rest
+//! goes on one unit at a time; with no client reading, `UNITS_IN_FLIGHT`
+//! at once, in segment order. Segment indexes are fetched ahead of the
+//! units (a reader entering a segment would wait for two GETs otherwise).
 //!
 //! Restarts: the disk cache survives them, so a restarted hydration finds
 //! what is local with no GET and fetches the rest. It stops when the
@@ -42,13 +43,14 @@ use futures::StreamExt;
 
 use super::live_blocks::{LiveBlocks, Unit};
 use super::profile::{load_profile, Found, ProfilePlace};
+use super::reader_follow::Follow;
 use super::Volume;
 use crate::config::HydrateMode;
 use crate::format::access_profile::AccessProfile;
 use crate::map::Target;
 use crate::read::{
     hydrate_blocks, hydrate_segment, Gaps, Hydration, HydrationState, SharedCaches, VolumeReader,
-    BLOCK_BYTES,
+    BLOCK_BYTES, MAX_GET_BYTES,
 };
 
 /// Volume address space one window covers at most.
@@ -203,6 +205,8 @@ const PROFILE_BATCH_BYTES: u64 = 32 << 20;
 const PROFILE_GAPS: Gaps = Gaps {
     max_bytes: 256 << 10,
     cache_between: true,
+    get_bytes: MAX_GET_BYTES,
+    lead: false,
 };
 /// The main pass: missing blocks up to 1 MiB apart share a GET, and only
 /// they are written. Measured: with no gap, a volume under a client's
@@ -211,6 +215,18 @@ const PROFILE_GAPS: Gaps = Gaps {
 const HYDRATION_GAPS: Gaps = Gaps {
     max_bytes: 1 << 20,
     cache_between: false,
+    get_bytes: MAX_GET_BYTES,
+    lead: false,
+};
+/// Units ahead of a reader: GETs of 2 MiB, on slots of their own, so the
+/// blocks right after the reader arrive first (measured at 20 ms through
+/// the proxy beside hydration: an 8 MiB GET took ~200 ms to arrive, as
+/// long as the reader takes to read 23 MB).
+const LEAD_GAPS: Gaps = Gaps {
+    max_bytes: 1 << 20,
+    cache_between: false,
+    get_bytes: 2 << 20,
+    lead: true,
 };
 
 /// Fetches a profile's ranges into the disk cache, in the order they were
@@ -371,16 +387,24 @@ const UNITS_IN_FLIGHT: usize = 8;
 /// 94 ms.
 const UNITS_BESIDE_CLIENT: usize = 1;
 const CLIENT_ACTIVE_MS: u64 = 200;
-/// How far ahead of a reader, in its segment, hydration keeps the data
-/// fetched (its lead), topped up once half of it was taken: a boot reads
-/// file after file of a region; one GET of 20 ms brings 8 MiB as easily
-/// as 64 KiB, so the reader's next files are local before it asks.
-const LEAD_BLOCKS: u64 = (32 << 20) / BLOCK_BYTES;
-/// A reader is followed while it has at most this many fetches at the
-/// store (a boot, a file copy: one thing at a time). A deeper one reads at
-/// random, where a lead would not serve it and would only take the store
-/// from it.
-const LEAD_MAX_FETCHES: usize = 4;
+/// A reader's lead: the segment it reads and the next ones, whole, up to
+/// this many (`LiveBlocks::take_lead`), at most `LEAD_BLOCKS` a look. A
+/// boot reads file after file of a region, back and forth within a
+/// directory; one GET of 20 ms brings 2 MiB as easily as 64 KiB, so the
+/// reader's next files are local before it asks. Measured: a lead of 64
+/// MiB after the reader in its segment only (a segment is 16 MiB) left
+/// the first clone of `coldboot-big` at 2.4x local; each segment entered
+/// cost the reader a miss and its index's two GETs.
+const LEAD_SEGMENTS: u64 = 4;
+const LEAD_BLOCKS: u64 = (64 << 20) / BLOCK_BYTES;
+/// Segments after a lead's whose indexes (two GETs each, one after the
+/// other) are fetched with it: the reader goes there next.
+const LEAD_INDEXES_AHEAD: usize = 2;
+/// A reader is followed only while it has at most this many fetches at
+/// the store (a boot, a file copy: a few things at a time; nbdfuse and the
+/// kernel's read-ahead keep several in flight). A deeper one is a
+/// benchmark or a database reading at random.
+const LEAD_MAX_FETCHES: usize = 16;
 /// How often the scheduler looks at the readers when nothing woke it.
 const TICK_MS: u64 = 20;
 /// Units in a row that fail before hydration gives up (until the volume
@@ -398,42 +422,56 @@ async fn run_round(
     t: &mut Tally,
 ) -> Option<bool> {
     let readers = weak.upgrade()?.hydration_readers();
+    prefetch_indexes(weak.clone(), live.first_segments(MAX_INDEX_PREFETCH));
     let mut units = futures::stream::FuturesUnordered::new();
+    let mut leads = 0usize;
+    let mut follows = vec![Follow::default(); readers.len()];
     loop {
         let vol = weak.upgrade()?;
         if vol.hydration_should_stop() {
             return None;
         }
-        for r in &readers {
-            if units.len() >= UNITS_IN_FLIGHT || r.activity.fetches_in_flight() > LEAD_MAX_FETCHES {
+        let mut followed = false;
+        for (r, follow) in readers.iter().zip(follows.iter_mut()) {
+            let Some((seq, block)) = r.activity.position() else {
+                continue;
+            };
+            let deep = r.activity.fetches_in_flight() > LEAD_MAX_FETCHES;
+            let active = r.activity.read_within(CLIENT_ACTIVE_MS);
+            if !follow.note((seq, block), deep) || !active {
                 continue;
             }
-            let ahead = r
-                .activity
-                .position()
-                .and_then(|(seq, block)| live.take_ahead(seq, block, LEAD_BLOCKS));
-            if let Some(u) = ahead {
-                units.push(run_unit(vol.clone(), h.clone(), u));
+            followed = true;
+            if units.len() >= UNITS_IN_FLIGHT {
+                continue;
+            }
+            follow.led(seq);
+            let lead = live.take_lead(seq, LEAD_SEGMENTS, UNIT_BLOCKS, LEAD_BLOCKS);
+            if let Some(last) = lead.last() {
+                fetch_indexes(&vol, &live.segments_after(last.seq, LEAD_INDEXES_AHEAD));
+            }
+            for u in lead {
+                units.push(run_unit(vol.clone(), h.clone(), u, LEAD_GAPS));
+                leads += 1;
             }
         }
-        let client = readers
-            .iter()
-            .any(|r| r.activity.read_within(CLIENT_ACTIVE_MS));
-        let limit = if client {
-            UNITS_BESIDE_CLIENT
-        } else {
-            UNITS_IN_FLIGHT
-        };
+        let limit = rest_in_flight(&readers, followed || leads > 0);
+        tracing::debug!(
+            followed,
+            leads,
+            limit,
+            units = units.len(),
+            "hydration tick"
+        );
         while units.len() < limit {
             let Some(u) = live.take_next(UNIT_BLOCKS) else {
                 break;
             };
-            units.push(run_unit(vol.clone(), h.clone(), u));
+            units.push(run_unit(vol.clone(), h.clone(), u, HYDRATION_GAPS));
         }
         drop(vol);
-        if units.is_empty() {
+        if units.is_empty() && live.is_empty() {
             // Nothing in flight and nothing left to take: the round is done.
-            assert!(live.is_empty(), "a hydration round ended with blocks left");
             return Some(true);
         }
         let woken = futures::future::select_all(
@@ -441,6 +479,7 @@ async fn run_round(
         );
         tokio::select! {
             Some(done) = units.next() => {
+                leads -= usize::from(done.lead);
                 if !tally(weak, h, t, done)? {
                     return Some(false);
                 }
@@ -451,19 +490,91 @@ async fn run_round(
     }
 }
 
+/// Units of the rest (not ahead of a reader) that may be in flight: all
+/// while no client reads; none beside a reader that hydration follows
+/// (`following`: the store, the disk and the CPU are its, and what it
+/// reads next is ahead of it, not in the rest); `UNITS_BESIDE_CLIENT`
+/// beside one reading at random (the rest is what it reads next, as
+/// likely as anything).
+fn rest_in_flight(readers: &[Arc<VolumeReader>], following: bool) -> usize {
+    if !readers
+        .iter()
+        .any(|r| r.activity.read_within(CLIENT_ACTIVE_MS))
+    {
+        UNITS_IN_FLIGHT
+    } else if following {
+        0
+    } else {
+        UNITS_BESIDE_CLIENT
+    }
+}
+
 /// What one unit's fetch found.
 struct UnitOutcome {
     local: u64,
     remote: u64,
     /// The store failed (not a segment GC deleted meanwhile).
     failed: bool,
+    /// A unit ahead of a reader.
+    lead: bool,
 }
 
-async fn run_unit(vol: Arc<Volume>, h: Arc<Hydration>, u: Unit) -> UnitOutcome {
+/// Segment indexes a round fetches ahead of its units, at most, and at once:
+/// a client entering a segment would otherwise wait for its index's two
+/// GETs, one after the other, before its data's (measured: most of what
+/// kept the first clone of `coldboot-big` at 1.4x local at 20 ms). Each
+/// index is fetched once anyway (the units need it); this only moves it
+/// early. Bounded so the indexes fit the index cache (16 KiB for a 16 MiB
+/// segment: 16 MiB for 1,024).
+const MAX_INDEX_PREFETCH: usize = 1024;
+const INDEX_PREFETCHES_IN_FLIGHT: usize = 4;
+
+/// Fetches the indexes of segments `seqs`, in order, in a task of its
+/// own that stops when the volume closes.
+fn prefetch_indexes(weak: Weak<Volume>, seqs: Vec<u64>) {
+    tokio::spawn(async move {
+        futures::stream::iter(seqs)
+            .for_each_concurrent(INDEX_PREFETCHES_IN_FLIGHT, |seq| {
+                let weak = weak.clone();
+                async move {
+                    let Some(vol) = weak.upgrade().filter(|v| !v.hydration_should_stop()) else {
+                        return;
+                    };
+                    let own = vol.reader();
+                    let (caches, reader) = (vol.caches.clone(), vol.lineage.reader_for(&vol.caches, &own, seq));
+                    drop(vol);
+                    if let Err(e) = reader.segment_index(&caches, seq).await {
+                        tracing::debug!(volume = %reader.name, seq, error = %strata_store::ErrorText(&e), "index prefetch failed");
+                    }
+                }
+            })
+            .await;
+    });
+}
+
+/// Fetches the indexes of segments `seqs` in the background (each fetched
+/// once however many ask; a failure is the reader's to see later).
+fn fetch_indexes(vol: &Arc<Volume>, seqs: &[u64]) {
+    let own = vol.reader();
+    for &seq in seqs {
+        let (caches, reader) = (
+            vol.caches.clone(),
+            vol.lineage.reader_for(&vol.caches, &own, seq),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = reader.segment_index(&caches, seq).await {
+                tracing::debug!(volume = %reader.name, seq, error = %strata_store::ErrorText(&e), "index prefetch failed");
+            }
+        });
+    }
+}
+
+async fn run_unit(vol: Arc<Volume>, h: Arc<Hydration>, u: Unit, gaps: Gaps) -> UnitOutcome {
     let own = vol.reader();
     let reader = vol.lineage.reader_for(&vol.caches, &own, u.seq);
     let count = u.blocks.len() as u64;
-    match hydrate_blocks(&vol.caches, &reader, u.seq, &u.blocks, &h, HYDRATION_GAPS).await {
+    let lead = gaps.lead;
+    match hydrate_blocks(&vol.caches, &reader, u.seq, &u.blocks, &h, gaps).await {
         Ok(local_blocks) => {
             let local =
                 (u128::from(u.bytes) * u128::from(local_blocks) / u128::from(count.max(1))) as u64;
@@ -471,6 +582,7 @@ async fn run_unit(vol: Arc<Volume>, h: Arc<Hydration>, u: Unit) -> UnitOutcome {
                 local,
                 remote: u.bytes - local.min(u.bytes),
                 failed: false,
+                lead,
             }
         }
         // GC moved the data and deleted the segment: the copy is in a
@@ -479,6 +591,7 @@ async fn run_unit(vol: Arc<Volume>, h: Arc<Hydration>, u: Unit) -> UnitOutcome {
             local: 0,
             remote: 0,
             failed: false,
+            lead,
         },
         Err(e) => {
             tracing::debug!(volume = %vol.name, seq = u.seq, error = %strata_store::ErrorText(&e), "hydration of a segment's blocks failed");
@@ -486,6 +599,7 @@ async fn run_unit(vol: Arc<Volume>, h: Arc<Hydration>, u: Unit) -> UnitOutcome {
                 local: 0,
                 remote: u.bytes,
                 failed: true,
+                lead,
             }
         }
     }

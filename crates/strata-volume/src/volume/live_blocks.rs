@@ -107,16 +107,52 @@ impl LiveBlocks {
         }
     }
 
-    /// Takes the live blocks of segment `seq` in `from_block..from_block +
-    /// max_blocks`, if at most half of that range is taken already (so a
-    /// reader's lead is topped up in large units, not one block at a time).
-    pub fn take_ahead(&mut self, seq: u64, from_block: u64, max_blocks: u64) -> Option<Unit> {
-        let s = self.segments.get(&seq)?;
-        let first = next_set(&s.words, from_block)?;
-        if first > from_block + max_blocks / 2 {
-            return None;
+    /// A reader's lead: what is left of segments `seq..seq + segments`
+    /// (the reader's and the next ones: an imported image's segments are
+    /// in address order), whole, in units of at most `unit_blocks`, at most
+    /// `max_blocks` in all. Whole segments, not what lies after the reader:
+    /// a file walk jumps back and forth within a directory's region.
+    pub fn take_lead(
+        &mut self,
+        seq: u64,
+        segments: u64,
+        unit_blocks: u64,
+        max_blocks: u64,
+    ) -> Vec<Unit> {
+        let seqs: Vec<u64> = self
+            .segments
+            .range(seq..seq.saturating_add(segments))
+            .map(|(&s, _)| s)
+            .collect();
+        let mut out = Vec::new();
+        let mut taken = 0u64;
+        for s in seqs {
+            while taken < max_blocks {
+                let Some(first) = self.segments.get(&s).and_then(|b| next_set(&b.words, 0)) else {
+                    break;
+                };
+                let Some(u) = self.take(s, first, unit_blocks.min(max_blocks - taken)) else {
+                    break;
+                };
+                taken += u.blocks.len() as u64;
+                out.push(u);
+            }
         }
-        self.take(seq, first, max_blocks)
+        out
+    }
+
+    /// The first `n` segments with blocks left.
+    pub fn first_segments(&self, n: usize) -> Vec<u64> {
+        self.segments.keys().take(n).copied().collect()
+    }
+
+    /// Up to `n` segments after `seq` with blocks left.
+    pub fn segments_after(&self, seq: u64, n: usize) -> Vec<u64> {
+        self.segments
+            .range(seq.saturating_add(1)..)
+            .take(n)
+            .map(|(&s, _)| s)
+            .collect()
     }
 
     /// Takes up to `max_blocks` blocks' span of the lowest segment's live
@@ -190,17 +226,29 @@ mod tests {
     }
 
     #[test]
-    fn a_lead_is_topped_up_only_when_half_of_it_is_taken() {
+    fn a_lead_takes_the_readers_segment_whole_and_the_next_ones() {
         let mut live = LiveBlocks::new(0);
-        live.add(1, 0, 64 * B);
-        let u = live.take_ahead(1, 0, 16).expect("the first lead");
-        assert_eq!(u.blocks, (0..16).collect::<Vec<_>>());
-        // The reader moved 4 blocks on: 12 of its 16 ahead are taken.
-        assert!(live.take_ahead(1, 4, 16).is_none());
-        // 8 on: half its lead left, topped up from block 16.
-        let u = live.take_ahead(1, 8, 16).expect("topped up");
-        assert_eq!(u.blocks.first(), Some(&16));
-        assert!(live.take_ahead(2, 0, 16).is_none(), "no such segment");
+        for seq in [1, 2, 3, 7] {
+            live.add(seq, 0, 8 * B);
+        }
+        // Units of 5 blocks, 12 at most: segment 1 whole, then 2's first 4.
+        let got: Vec<(u64, usize)> = live
+            .take_lead(1, 3, 5, 12)
+            .iter()
+            .map(|u| (u.seq, u.blocks.len()))
+            .collect();
+        assert_eq!(got, vec![(1, 5), (1, 3), (2, 4)]);
+        // Again: the rest of 2, and 3 (7 is past the 3 segments).
+        let got: Vec<(u64, usize)> = live
+            .take_lead(1, 3, 8, 64)
+            .iter()
+            .map(|u| (u.seq, u.blocks.len()))
+            .collect();
+        assert_eq!(got, vec![(2, 4), (3, 8)]);
+        assert!(live.take_lead(1, 3, 8, 64).is_empty(), "taken already");
+        assert_eq!(live.segments_after(1, 2), vec![7]);
+        assert_eq!(live.first_segments(1), vec![2]);
+        assert_eq!(live.take_lead(5, 3, 8, 64).len(), 1, "segment 7");
     }
 
     #[test]

@@ -44,6 +44,7 @@ mod open;
 mod profile;
 mod qos;
 mod read;
+mod reader_follow;
 mod resize;
 mod snapshot;
 mod snapshot_deltas;
