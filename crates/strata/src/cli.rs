@@ -786,9 +786,10 @@ pub struct Budgets {
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub hedge_reads: OnOff,
 
-    /// Record what a clone reads first (its first 60 s or 256 MiB of reads,
-    /// a VM's first boot) when its snapshot has no access profile yet,
-    /// and store it beside the snapshot. Not for encrypted volumes.
+    /// Record what a clone reads first (its first 5 minutes of reads, up
+    /// to 65,532 ranges: a VM's first boot, whatever its size) when its
+    /// snapshot has no access profile yet, and store it beside the
+    /// snapshot (an encrypted volume's sealed with its data key).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub profile_record: OnOff,
 

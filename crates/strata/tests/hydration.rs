@@ -3,7 +3,9 @@
 //! local, then reads send no GET; kill -9 during hydration and a restart
 //! resume without fetching again what is local; a disk cache smaller than
 //! the volume keeps what clients read (hydration never evicts); `--hydrate
-//! off` fetches nothing; `volume info` shows the progress. Access
+//! off` fetches nothing; `volume info` shows the progress; a randomly
+//! written volume is fetched once, not once per address window; a client's
+//! random reads keep their p99 while hydration runs (20 ms store). Access
 //! profiles: what one clone read first is fetched for the next clone of
 //! the snapshot before its client's first read; a damaged profile is
 //! ignored with one log line.

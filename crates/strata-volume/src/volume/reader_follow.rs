@@ -30,6 +30,14 @@ const NEAR_OF: u32 = 5;
 /// Leads remembered per reader: a position in the segments one of them
 /// covered is near too.
 const REGIONS: usize = 8;
+/// Samples a reader stays deep after it was last seen deep (about a
+/// second of the scheduler's 20 ms ticks): a deep reader whose reads turn
+/// into cache hits as hydration goes on has few fetches out at a time.
+const DEEP_SAMPLES: u8 = 50;
+/// A reader with more fetches at the store than this is not followed ...
+const FOLLOW_MAX_FETCHES: usize = 16;
+/// ... and with more than this it is deep (reading for throughput).
+const DEEP_FETCHES: usize = 32;
 
 /// One reader's locality, as hydration's scheduler sees it.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +48,8 @@ pub(crate) struct Follow {
     /// First segments of the last leads (`u64::MAX`: none), a ring.
     regions: [u64; REGIONS],
     next_region: usize,
+    /// Samples left until a reader seen deep counts as shallow again.
+    deep_left: u8,
 }
 
 impl Default for Follow {
@@ -49,6 +59,7 @@ impl Default for Follow {
             near: 0,
             regions: [u64::MAX; REGIONS],
             next_region: 0,
+            deep_left: 0,
         }
     }
 }
@@ -57,8 +68,9 @@ const _: () = assert!(HISTORY == u8::BITS && NEAR_OF <= HISTORY);
 
 impl Follow {
     /// Notes the reader's position `(seq, block)` (the same one again is
-    /// not a new read); whether hydration leads it now.
-    pub fn note(&mut self, position: (u64, u64), deep: bool) -> bool {
+    /// not a new read) and its fetches at the store now; whether
+    /// hydration leads it now.
+    pub fn note(&mut self, position: (u64, u64), fetches: usize) -> bool {
         match self.last {
             Some(last) if last == position => {}
             Some((seq, _)) => {
@@ -72,7 +84,19 @@ impl Follow {
             None => {}
         }
         self.last = Some(position);
-        !deep && self.near.count_ones() >= NEAR_OF
+        self.deep_left = if fetches > DEEP_FETCHES {
+            DEEP_SAMPLES
+        } else {
+            self.deep_left.saturating_sub(1)
+        };
+        fetches <= FOLLOW_MAX_FETCHES && self.near.count_ones() >= NEAR_OF
+    }
+
+    /// Whether the reader had many fetches at the store within its last
+    /// `DEEP_SAMPLES` samples: reading for throughput, not one thing at a
+    /// time.
+    pub fn deep(&self) -> bool {
+        self.deep_left > 0
     }
 
     /// Notes a lead from segment `seq` on (`NEAR_SEGMENTS` segments).
@@ -102,26 +126,27 @@ mod tests {
             (42, 5),
             (44, 0),
         ];
-        let followed: Vec<bool> = positions.iter().map(|&p| walk.note(p, false)).collect();
+        let followed: Vec<bool> = positions.iter().map(|&p| walk.note(p, 1)).collect();
         // Five near moves (the repeat is not one) make it, a far jump
         // (to 40) among them only delays it.
         assert_eq!(
             followed,
             vec![false, false, false, false, false, false, false, true, true]
         );
-        assert!(!walk.note((45, 0), true), "a deep reader is not followed");
+        assert!(!walk.note((45, 0), 64), "a deep reader is not followed");
+        assert!(walk.deep());
         // Back and forth between two regions, both led: followed.
         walk.led(44);
         walk.led(200);
         let both: Vec<bool> = [200, 46, 201, 45, 203, 44]
             .iter()
-            .map(|&s| walk.note((s, 0), false))
+            .map(|&s| walk.note((s, 0), 1))
             .collect();
         assert_eq!(both, vec![true; 6]);
         // Far jumps in a row stop it.
         let far: Vec<bool> = [100, 300, 400, 500]
             .iter()
-            .map(|&s| walk.note((s, 0), false))
+            .map(|&s| walk.note((s, 0), 1))
             .collect();
         assert_eq!(far, vec![true, true, true, false]);
         let mut random = Follow::default();
@@ -131,7 +156,7 @@ mod tests {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            led += usize::from(random.note((rng % 512, rng >> 60), false));
+            led += usize::from(random.note((rng % 512, rng >> 60), 1));
         }
         assert_eq!(led, 0, "a random reader was followed");
     }
