@@ -247,7 +247,7 @@ mod tests {
         assert_eq!(got, vec![(2, 4), (3, 8)]);
         assert!(live.take_lead(1, 3, 8, 64).is_empty(), "taken already");
         assert_eq!(live.segments_after(1, 2), vec![7]);
-        assert_eq!(live.first_segments(1), vec![2]);
+        assert_eq!(live.first_segments(1), vec![7]);
         assert_eq!(live.take_lead(5, 3, 8, 64).len(), 1, "segment 7");
     }
 
