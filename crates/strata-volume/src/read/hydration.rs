@@ -284,8 +284,12 @@ fn is_local(
     theirs.binary_search(&block).is_ok() || caches.disk.contains(&block_key(reader, seq, block))
 }
 
-/// Fetches the blocks of `blocks` (sorted, distinct) the disk cache lacks
-/// and has room for; returns the blocks others were fetching (sorted).
+/// Claims and fetches the chunks of the blocks of `blocks` (sorted,
+/// distinct) the disk cache lacks and has room for, coalesced into GETs as
+/// `gaps` says, each under a server-wide slot and the rate limit, and
+/// waits until the disk cache's writer is done with them. Returns the
+/// blocks others were fetching (waited for), sorted: they go to disk
+/// through them (a client read, another clone's hydration).
 async fn fetch_missing(
     caches: &SharedCaches,
     reader: &VolumeReader,
@@ -294,7 +298,7 @@ async fn fetch_missing(
     progress: &Hydration,
     gaps: Gaps,
 ) -> Result<Vec<u64>, VolumeError> {
-    let missing: Vec<u64> = blocks
+    let blocks: Vec<u64> = blocks
         .iter()
         .copied()
         .filter(|&b| {
@@ -302,27 +306,10 @@ async fn fetch_missing(
             !caches.disk.contains(&key) && caches.disk.has_room_for(&key)
         })
         .collect();
-    // Blocks others fetched (a client read, another clone's hydration) go
-    // to disk through them: counted as local. Ours are on disk, or not
-    // (no free slot after all), once `fetch_blocks` returns.
-    if missing.is_empty() {
+    if blocks.is_empty() {
         return Ok(Vec::new());
     }
-    fetch_blocks(caches, reader, seq, &missing, progress, gaps).await
-}
-
-/// Claims and fetches the chunks of `blocks` (sorted, distinct), coalesced
-/// into GETs of up to `MAX_GET_BYTES`, each under a server-wide slot and
-/// the rate limit, and waits until the disk cache's writer is done with
-/// them. Returns the blocks others were fetching (waited for), sorted.
-async fn fetch_blocks(
-    caches: &SharedCaches,
-    reader: &VolumeReader,
-    seq: u64,
-    blocks: &[u64],
-    progress: &Hydration,
-    gaps: Gaps,
-) -> Result<Vec<u64>, VolumeError> {
+    let blocks = &blocks[..];
     let idx = reader.segment_index(caches, seq).await?;
     let chunk_count = u64::from(idx.fixed.chunk_count);
     let numbers: Vec<u64> = blocks
