@@ -183,20 +183,20 @@ impl Hydration {
     }
 }
 
-/// Missing blocks at most `max_bytes` apart in a segment share one GET:
-/// fetching what lies between costs less than another request to a store
+/// Missing blocks at most `coalescing.max_gap_bytes` apart in a segment
+/// share one GET: fetching what lies between costs less than a request to a store
 /// that answers in 10-30 ms (1 MiB at ~100 MB/s a connection is ~10 ms).
 /// `cache_between`: the blocks between go to the disk cache too (a
 /// profile's neighbours, which hydration wants next anyway); otherwise
 /// only the missing blocks do, so data no piece holds (dead, or another
 /// volume's) never takes a slot.
-/// `get_bytes`: the largest GET; `lead`: the fetch is ahead of a client's
-/// reads (its own slots, so the rest of hydration does not hold it up).
+/// `coalescing` also bounds each GET; `lead`: the fetch is ahead of a
+/// client's reads (its own slots, so the rest of hydration does not hold
+/// it up).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gaps {
-    pub max_bytes: u64,
+    pub coalescing: Coalescing,
     pub cache_between: bool,
-    pub get_bytes: u64,
     pub lead: bool,
 }
 
@@ -318,17 +318,7 @@ async fn fetch_missing(
         .collect();
     let all: Vec<usize> = (0..numbers.len()).collect();
     // Chunks a client read is fetching come back as waits: not ours.
-    let plan = caches.plan_fetch_with_gap(
-        reader.uuid,
-        seq,
-        &numbers,
-        &all,
-        false,
-        Coalescing {
-            max_gap_bytes: gaps.max_bytes,
-            max_get_bytes: gaps.get_bytes,
-        },
-    );
+    let plan = caches.plan_fetch_with_gap(reader.uuid, seq, &numbers, &all, false, gaps.coalescing);
     let fetches = futures::stream::iter(plan.runs).map(|(run, claim)| {
         let idx = idx.clone();
         async move {

@@ -29,7 +29,7 @@ pub(crate) struct ReaderActivity {
     last_position: AtomicU64,
     /// When a client last read, in ms since `epoch()` (+1: 0 is never).
     last_read_ms: AtomicU64,
-    /// Client fetches (reads and their read-ahead) at the store now.
+    /// Client reads' fetches at the store now (not read-ahead's).
     fetches_in_flight: AtomicUsize,
     /// Wakes the hydration reading through this reader.
     pub wake: Notify,

@@ -49,8 +49,8 @@ use crate::config::HydrateMode;
 use crate::format::access_profile::AccessProfile;
 use crate::map::Target;
 use crate::read::{
-    hydrate_blocks, hydrate_segment, Gaps, Hydration, HydrationState, SharedCaches, VolumeReader,
-    BLOCK_BYTES, MAX_GET_BYTES,
+    hydrate_blocks, hydrate_segment, Coalescing, Gaps, Hydration, HydrationState, SharedCaches,
+    VolumeReader, BLOCK_BYTES, MAX_GET_BYTES,
 };
 
 /// Volume address space one window covers at most.
@@ -203,9 +203,11 @@ const PROFILE_BATCH_BYTES: u64 = 32 << 20;
 /// mostly not local yet either (measured: a whole-image profile took
 /// 1,900 GETs of ~130 KiB with no gap, where address order takes 75).
 const PROFILE_GAPS: Gaps = Gaps {
-    max_bytes: 256 << 10,
+    coalescing: Coalescing {
+        max_gap_bytes: 256 << 10,
+        max_get_bytes: MAX_GET_BYTES,
+    },
     cache_between: true,
-    get_bytes: MAX_GET_BYTES,
     lead: false,
 };
 /// The main pass: missing blocks up to 1 MiB apart share a GET, and only
@@ -213,9 +215,11 @@ const PROFILE_GAPS: Gaps = Gaps {
 /// random reads (blocks it read already local, scattered) hydrated in
 /// 1,587 GETs averaging 0.7 MiB, 8.0 s for 1 GiB at 20 ms a request.
 const HYDRATION_GAPS: Gaps = Gaps {
-    max_bytes: 1 << 20,
+    coalescing: Coalescing {
+        max_gap_bytes: 1 << 20,
+        max_get_bytes: MAX_GET_BYTES,
+    },
     cache_between: false,
-    get_bytes: MAX_GET_BYTES,
     lead: false,
 };
 /// Units ahead of a reader: GETs of 2 MiB, on slots of their own, so the
@@ -223,9 +227,11 @@ const HYDRATION_GAPS: Gaps = Gaps {
 /// the proxy beside hydration: an 8 MiB GET took ~200 ms to arrive, as
 /// long as the reader takes to read 23 MB).
 const LEAD_GAPS: Gaps = Gaps {
-    max_bytes: 1 << 20,
+    coalescing: Coalescing {
+        max_gap_bytes: 1 << 20,
+        max_get_bytes: 2 << 20,
+    },
     cache_between: false,
-    get_bytes: 2 << 20,
     lead: true,
 };
 
@@ -384,7 +390,7 @@ const UNITS_IN_FLIGHT: usize = 8;
 /// (`hydration.rs::a_clients_reads_keep_their_latency_while_hydration_runs`,
 /// 20 ms store): with 8 segments' GETs at once beside a client, its 4 KiB
 /// reads' p99 was 250-790 ms against 75 ms with no hydration; with this,
-/// 94 ms.
+/// 79-291 ms (over 2x in a third of the runs: issue 43 is open).
 const UNITS_BESIDE_CLIENT: usize = 1;
 const CLIENT_ACTIVE_MS: u64 = 200;
 /// A reader's lead: the segment it reads and the next ones, whole, up to
@@ -431,9 +437,9 @@ async fn run_round(
             let Some((seq, block)) = r.activity.position() else {
                 continue;
             };
-            let deep = r.activity.fetches_in_flight();
+            let fetches = r.activity.fetches_in_flight();
             let active = r.activity.read_within(CLIENT_ACTIVE_MS);
-            if !follow.note((seq, block), deep) || !active {
+            if !follow.note((seq, block), fetches) || !active {
                 continue;
             }
             followed = true;
@@ -443,7 +449,8 @@ async fn run_round(
             follow.led(seq);
             let lead = live.take_lead(seq, LEAD_SEGMENTS, UNIT_BLOCKS, LEAD_BLOCKS);
             if let Some(last) = lead.last() {
-                fetch_indexes(&vol, &live.segments_after(last.seq, LEAD_INDEXES_AHEAD));
+                let next = live.segments_after(last.seq, LEAD_INDEXES_AHEAD);
+                prefetch_indexes(weak.clone(), next);
             }
             for u in lead {
                 units.push(run_unit(vol.clone(), h.clone(), u, LEAD_GAPS));
@@ -451,13 +458,6 @@ async fn run_round(
             }
         }
         let limit = rest_in_flight(&readers, &follows, followed || leads > 0);
-        tracing::debug!(
-            followed,
-            leads,
-            limit,
-            units = units.len(),
-            "hydration tick"
-        );
         while units.len() < limit {
             let Some(u) = live.take_next(UNIT_BLOCKS) else {
                 break;
@@ -531,7 +531,8 @@ const MAX_INDEX_PREFETCH: usize = 1024;
 const INDEX_PREFETCHES_IN_FLIGHT: usize = 4;
 
 /// Fetches the indexes of segments `seqs`, in order, in a task of its
-/// own that stops when the volume closes.
+/// own that stops when the volume closes (each fetched once however many
+/// ask; a failure is the reader's to see later).
 fn prefetch_indexes(weak: Weak<Volume>, seqs: Vec<u64>) {
     tokio::spawn(async move {
         futures::stream::iter(seqs)
@@ -551,23 +552,6 @@ fn prefetch_indexes(weak: Weak<Volume>, seqs: Vec<u64>) {
             })
             .await;
     });
-}
-
-/// Fetches the indexes of segments `seqs` in the background (each fetched
-/// once however many ask; a failure is the reader's to see later).
-fn fetch_indexes(vol: &Arc<Volume>, seqs: &[u64]) {
-    let own = vol.reader();
-    for &seq in seqs {
-        let (caches, reader) = (
-            vol.caches.clone(),
-            vol.lineage.reader_for(&vol.caches, &own, seq),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = reader.segment_index(&caches, seq).await {
-                tracing::debug!(volume = %reader.name, seq, error = %strata_store::ErrorText(&e), "index prefetch failed");
-            }
-        });
-    }
 }
 
 async fn run_unit(vol: Arc<Volume>, h: Arc<Hydration>, u: Unit, gaps: Gaps) -> UnitOutcome {
