@@ -119,7 +119,12 @@ pub fn run(cfg: &LoopConfig, progress: &mut dyn FnMut(&str)) -> Result<LoopSumma
         let seed = cycle_seed(cfg.seed, cycle);
         let line = l.cycle(cycle, mode, seed).map_err(|e| {
             let kept = l.keep_evidence();
-            format!("cycle {cycle} (mode {mode}, seed {seed}): {e}\n{kept}")
+            // Every failure quotes the server's log: a client only hears
+            // what NBD lets a server say ("no such export"), the log why.
+            let tail = strata_process::log_tail(&l.strata.log);
+            format!(
+                "cycle {cycle} (mode {mode}, seed {seed}): {e}\n{kept}\nserver log tail:\n{tail}"
+            )
         })?;
         progress(&format!("cycle {cycle} mode {mode} seed {seed}: {line}"));
     }

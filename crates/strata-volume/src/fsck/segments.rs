@@ -177,11 +177,18 @@ async fn read_index(
         return Ok(None);
     }
     let tables_end = fixed.tables_end();
-    let tables = match get(&r.job.owner, path, FIXED_HEADER_BYTES as u64..tables_end).await? {
-        Got::Bytes(b) => b,
-        Got::Gone => {
-            r.gone = true;
-            return Ok(None);
+    // A segment sealed empty (a snapshot or deletion with no write since
+    // the last seal point) has no tables: nothing to read, and S3 clients
+    // refuse a GET of zero bytes.
+    let tables = if tables_end <= FIXED_HEADER_BYTES as u64 {
+        bytes::Bytes::new()
+    } else {
+        match get(&r.job.owner, path, FIXED_HEADER_BYTES as u64..tables_end).await? {
+            Got::Bytes(b) => b,
+            Got::Gone => {
+                r.gone = true;
+                return Ok(None);
+            }
         }
     };
     r.bytes_read += tables.len() as u64;
@@ -309,4 +316,58 @@ fn damaged_chunks(r: &mut SegmentResult, (from, to, error): (u64, u64, String), 
         range.start, range.end
     );
     r.fault(ProblemKind::Corrupt, detail, Some(range));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::segment::{encode_header, JournalSpan};
+    use strata_store::{ObjectNames, Store};
+
+    /// An empty segment (sealed with no entries: no tables, no data) is
+    /// checked with one read, its header's, and is clean: no read of zero
+    /// bytes, which S3 clients refuse (the in-memory store does not, so
+    /// the reads are counted).
+    #[tokio::test]
+    async fn an_empty_segment_is_clean() {
+        let uuid = [5u8; 16];
+        let span = JournalSpan {
+            journal_id: [9; 16],
+            first_jseq: 0,
+            last_jseq: 3,
+            end_lpos: 180,
+        };
+        // Version 1 (an uncompressed volume): no salt, so no tables at all.
+        let header = encode_header(7, &uuid, &span, &[], &[]);
+        let store = Store::in_memory();
+        let names = ObjectNames::new("v");
+        let path = names.segment(7);
+        let object = bytes::Bytes::from(header);
+        let size = object.len() as u64;
+        store
+            .object_store()
+            .put(&path, object.into())
+            .await
+            .unwrap();
+        let job = SegmentJob {
+            seq: 7,
+            owner: Owner {
+                name: "v".into(),
+                uuid,
+                store: store.clone(),
+                names,
+                ancestor: false,
+            },
+            listed_bytes: Some(size),
+            entry_bound_bytes: 1 << 30,
+            places: Vec::new(),
+        };
+        let before = store.stats().layers.requests.get_range.requests;
+        let r = check_segment(job, None, false).await.unwrap();
+        let reads = store.stats().layers.requests.get_range.requests - before;
+        assert_eq!(reads, 1, "the header only");
+        assert!(r.verified_header && !r.gone, "not checked");
+        assert!(r.faults.is_empty(), "{:?}", r.faults);
+        assert_eq!(r.bytes_read, size);
+    }
 }
