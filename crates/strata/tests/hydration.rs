@@ -312,8 +312,12 @@ fn a_randomly_written_volume_is_hydrated_fetching_each_stored_byte_once() {
 /// The client first: while hydration fetches a volume from a store 20 ms
 /// away, a client's random 4 KiB reads keep their latency: p99 with
 /// hydration at most 2x what it is without (each on a new host).
+///
+/// Hydration starts before the client does, at full speed; what it has
+/// in flight when the client arrives is what the client's first reads
+/// compete with (their p99 was 80-360 ms while hydration's units ran to
+/// the end; `read/rest_gate.rs` holds each GET not yet sent).
 #[test]
-#[ignore = "issue 43, open: fails about 1 run in 3 on a 2-core host (p99 80-290 ms against 74); run with --ignored"]
 fn a_clients_reads_keep_their_latency_while_hydration_runs() {
     require_tools(&["qemu-io", "fio"]);
     let _serial = serial();
@@ -373,9 +377,14 @@ fn a_clients_reads_keep_their_latency_while_hydration_runs() {
         }
         let read = &jobs[0]["read"];
         let p99 = read["clat_ns"]["percentile"]["99.000000"].as_f64().unwrap() / 1e6;
+        let pct = |p: &str| read["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1e6;
         eprintln!(
-            "hydrate {hydrate}: {} reads, p99 {p99:.1} ms; hydration {h}",
-            read["total_ios"]
+            "hydrate {hydrate}: {} reads, p50 {:.1} p90 {:.1} p95 {:.1} p99 {p99:.1} max {:.1} ms; hydration {h}",
+            read["total_ios"],
+            pct("50.000000"),
+            pct("90.000000"),
+            pct("95.000000"),
+            read["clat_ns"]["max"].as_f64().unwrap_or(0.0) / 1e6,
         );
         s.stop();
         p99

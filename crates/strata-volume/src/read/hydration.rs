@@ -26,8 +26,9 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::block_cache::{BlockKey, CHUNKS_PER_BLOCK};
-use super::fetch_plan::{Coalescing, FetchKind, RunBytes};
+use super::fetch_plan::{coalesce, Coalescing, FetchKind, RunBytes};
 use super::hydration_limits::MAX_HYDRATION_GETS;
+use super::rest_gate::RestGate;
 use super::shared_caches::SharedCaches;
 use super::volume_reader::VolumeReader;
 use crate::error::VolumeError;
@@ -107,6 +108,8 @@ pub(crate) struct Hydration {
     finished: Mutex<Option<Instant>>,
     profile: Mutex<String>,
     pub profile_bytes: AtomicU64,
+    /// GETs of the rest of the volume in flight, as clients allow.
+    pub(crate) rest_gate: RestGate,
 }
 
 impl Hydration {
@@ -122,6 +125,7 @@ impl Hydration {
             finished: Mutex::new(None),
             profile: Mutex::new(String::new()),
             profile_bytes: AtomicU64::new(0),
+            rest_gate: RestGate::new(MAX_HYDRATION_GETS),
         }
     }
 
@@ -192,12 +196,14 @@ impl Hydration {
 /// volume's) never takes a slot.
 /// `coalescing` also bounds each GET; `lead`: the fetch is ahead of a
 /// client's reads (its own slots, so the rest of hydration does not hold
-/// it up).
+/// it up); `yields`: each GET passes the volume's `RestGate` first (the
+/// rest of the volume, which waits while clients read).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gaps {
     pub coalescing: Coalescing,
     pub cache_between: bool,
     pub lead: bool,
+    pub yields: bool,
 }
 
 /// What hydrating one segment's pieces found and did.
@@ -316,9 +322,90 @@ async fn fetch_missing(
         .iter()
         .flat_map(|&b| b * CHUNKS_PER_BLOCK..((b + 1) * CHUNKS_PER_BLOCK).min(chunk_count))
         .collect();
+    // A unit that yields to clients plans and claims each GET's chunks
+    // only once it passes the gate: a claim waiting there would hold up a
+    // client read of those chunks for as long as the client keeps it shut.
+    let how = gaps.coalescing;
+    let groups: Vec<Vec<u64>> = if gaps.yields {
+        let run_chunks = (how.max_get_bytes / CHUNK_BYTES).max(1);
+        coalesce(&numbers, how.max_gap_bytes / CHUNK_BYTES, run_chunks)
+            .into_iter()
+            .map(|(_, covered)| numbers[covered].to_vec())
+            .collect()
+    } else {
+        vec![numbers]
+    };
+    let fetches = futures::stream::iter(groups).map(|group| {
+        let idx = idx.clone();
+        async move {
+            let _pass = match gaps.yields {
+                true => Some(progress.rest_gate.enter().await),
+                false => None,
+            };
+            fetch_group(caches, reader, seq, &idx, &group, blocks, progress, gaps).await
+        }
+    });
+    let results: Vec<_> = fetches.buffer_unordered(MAX_HYDRATION_GETS).collect().await;
+    let mut waited = Vec::new();
+    let results: Vec<_> = results
+        .into_iter()
+        .flat_map(|r| match r {
+            Ok((written, theirs)) => {
+                waited.extend(theirs);
+                written
+            }
+            Err(e) => vec![Err(e)],
+        })
+        .collect();
+    let mut first_error = None;
+    for r in results {
+        match r {
+            // Dropped unsent only when the tier went off: nothing to wait for.
+            Ok(written) => {
+                for w in written {
+                    drop(w.await);
+                }
+            }
+            Err(e) => first_error = first_error.or(Some(e)),
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let mut theirs: Vec<u64> = waited
+        .into_iter()
+        .flatten()
+        .flat_map(|run| {
+            let first = run.first_chunk / CHUNKS_PER_BLOCK;
+            let chunks = (run.bytes.len() as u64).div_ceil(CHUNK_BYTES);
+            first..first + chunks.div_ceil(CHUNKS_PER_BLOCK)
+        })
+        .collect();
+    theirs.sort_unstable();
+    theirs.dedup();
+    Ok(theirs)
+}
+
+type Written = Result<Vec<tokio::sync::oneshot::Receiver<()>>, VolumeError>;
+
+/// Plans `numbers` (chunks of segment `seq`, sorted), claims what no one
+/// fetches, and fetches it in GETs under the hydration slots; returns each
+/// GET's disk writes, and the runs of the chunks a client read was
+/// fetching already (not ours).
+#[allow(clippy::too_many_arguments)]
+async fn fetch_group(
+    caches: &SharedCaches,
+    reader: &VolumeReader,
+    seq: u64,
+    idx: &std::sync::Arc<crate::format::segment::SegmentIndex>,
+    numbers: &[u64],
+    blocks: &[u64],
+    progress: &Hydration,
+    gaps: Gaps,
+) -> Result<(Vec<Written>, Vec<Option<RunBytes>>), VolumeError> {
     let all: Vec<usize> = (0..numbers.len()).collect();
     // Chunks a client read is fetching come back as waits: not ours.
-    let plan = caches.plan_fetch_with_gap(reader.uuid, seq, &numbers, &all, false, gaps.coalescing);
+    let plan = caches.plan_fetch_with_gap(reader.uuid, seq, numbers, &all, false, gaps.coalescing);
     let fetches = futures::stream::iter(plan.runs).map(|(run, claim)| {
         let idx = idx.clone();
         async move {
@@ -355,33 +442,7 @@ async fn fetch_missing(
         waits,
     )
     .await;
-    let mut first_error = None;
-    for r in results {
-        match r {
-            // Dropped unsent only when the tier went off: nothing to wait for.
-            Ok(written) => {
-                for w in written {
-                    drop(w.await);
-                }
-            }
-            Err(e) => first_error = first_error.or(Some(e)),
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    let mut theirs: Vec<u64> = waited
-        .into_iter()
-        .flatten()
-        .flat_map(|run| {
-            let first = run.first_chunk / CHUNKS_PER_BLOCK;
-            let chunks = (run.bytes.len() as u64).div_ceil(CHUNK_BYTES);
-            first..first + chunks.div_ceil(CHUNKS_PER_BLOCK)
-        })
-        .collect();
-    theirs.sort_unstable();
-    theirs.dedup();
-    Ok(theirs)
+    Ok((results, waited))
 }
 
 /// The parts of a fetched, block-aligned run to write to the disk cache:

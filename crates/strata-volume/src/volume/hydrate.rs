@@ -50,7 +50,7 @@ use crate::format::access_profile::AccessProfile;
 use crate::map::Target;
 use crate::read::{
     hydrate_blocks, hydrate_segment, Coalescing, Gaps, Hydration, HydrationState, SharedCaches,
-    VolumeReader, BLOCK_BYTES, MAX_GET_BYTES,
+    VolumeReader, BLOCK_BYTES, MAX_GET_BYTES, MAX_HYDRATION_GETS,
 };
 
 /// Volume address space one window covers at most.
@@ -209,6 +209,7 @@ const PROFILE_GAPS: Gaps = Gaps {
     },
     cache_between: true,
     lead: false,
+    yields: false,
 };
 /// The main pass: missing blocks up to 1 MiB apart share a GET, and only
 /// they are written. Measured: with no gap, a volume under a client's
@@ -221,6 +222,17 @@ const HYDRATION_GAPS: Gaps = Gaps {
     },
     cache_between: false,
     lead: false,
+    yields: true,
+};
+/// The main pass planned while a client reads: GETs of 2 MiB, so a read
+/// that needs a block such a GET is fetching waits about what its own
+/// GET would take, not an 8 MiB transfer.
+const BESIDE_CLIENT_GAPS: Gaps = Gaps {
+    coalescing: Coalescing {
+        max_gap_bytes: 1 << 20,
+        max_get_bytes: 2 << 20,
+    },
+    ..HYDRATION_GAPS
 };
 /// Units ahead of a reader: GETs of 2 MiB, on slots of their own, so the
 /// blocks right after the reader arrive first (measured at 20 ms through
@@ -233,6 +245,7 @@ const LEAD_GAPS: Gaps = Gaps {
     },
     cache_between: false,
     lead: true,
+    yields: false,
 };
 
 /// Fetches a profile's ranges into the disk cache, in the order they were
@@ -386,11 +399,16 @@ const UNIT_BLOCKS: u64 = (32 << 20) / BLOCK_BYTES;
 /// Units in flight at once while no client reads ...
 const UNITS_IN_FLIGHT: usize = 8;
 /// ... and while one does (read within `CLIENT_ACTIVE_MS`), apart from
-/// the units ahead of a reader: the client comes first. Measured
+/// the units ahead of a reader: the client comes first. The same bound
+/// holds the GETs of units already in flight (`RestGate`, one GET beside
+/// a client, none while hydration follows one), and units planned beside
+/// a client GET 2 MiB at a time. Measured
 /// (`hydration.rs::a_clients_reads_keep_their_latency_while_hydration_runs`,
 /// 20 ms store): with 8 segments' GETs at once beside a client, its 4 KiB
-/// reads' p99 was 250-790 ms against 75 ms with no hydration; with this,
-/// 79-291 ms (over 2x in a third of the runs: issue 43 is open).
+/// reads' p99 was 250-790 ms against 75 ms with no hydration; with one
+/// unit beside it, 79-360 ms, all of the tail in the first 350 ms, while
+/// units sent before the client came ran to their end; with the gate,
+/// 69-77 ms against 73-75 (4 runs).
 const UNITS_BESIDE_CLIENT: usize = 1;
 const CLIENT_ACTIVE_MS: u64 = 200;
 /// A reader's lead: the segment it reads and the next ones, whole, up to
@@ -443,7 +461,8 @@ async fn run_round(
                 continue;
             }
             followed = true;
-            if units.len() >= UNITS_IN_FLIGHT {
+            // Leads only: units of the rest may be held at the gate.
+            if leads >= UNITS_IN_FLIGHT {
                 continue;
             }
             follow.led(seq);
@@ -458,11 +477,19 @@ async fn run_round(
             }
         }
         let limit = rest_in_flight(&readers, &follows, followed || leads > 0);
-        while units.len() < limit {
+        let alone = limit >= UNITS_IN_FLIGHT;
+        h.rest_gate
+            .set_allowed(if alone { MAX_HYDRATION_GETS } else { limit });
+        let gaps = if alone {
+            HYDRATION_GAPS
+        } else {
+            BESIDE_CLIENT_GAPS
+        };
+        while units.len() - leads < limit {
             let Some(u) = live.take_next(UNIT_BLOCKS) else {
                 break;
             };
-            units.push(run_unit(vol.clone(), h.clone(), u, HYDRATION_GAPS));
+            units.push(run_unit(vol.clone(), h.clone(), u, gaps));
         }
         drop(vol);
         if units.is_empty() && live.is_empty() {
