@@ -134,6 +134,23 @@ pub fn encode_header(
     encode_header_with(seq, volume_uuid, span, entries, data, &[])
 }
 
+/// The header (the whole object) of segment `seq` sealed empty, version 1
+/// (an uncompressed volume's): no entries, no chunks, so zero bytes of
+/// tables. A snapshot or a deletion with no write since the last seal
+/// point seals one.
+#[cfg(test)]
+pub(crate) fn empty_segment_header(seq: u64, volume_uuid: &[u8; 16]) -> Vec<u8> {
+    let span = JournalSpan {
+        journal_id: [9; 16],
+        first_jseq: 0,
+        last_jseq: 3,
+        end_lpos: 180,
+    };
+    let header = encode_header(seq, volume_uuid, &span, &[], &[]);
+    assert_eq!(header.len(), FIXED_HEADER_BYTES);
+    header
+}
+
 /// `encode_header`, given the CRCs of some chunks already (`known[i]`:
 /// chunk `i`'s, computed from a client's write: `format/chunk_crcs.rs`);
 /// the others are computed here.

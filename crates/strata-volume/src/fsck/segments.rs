@@ -177,18 +177,12 @@ async fn read_index(
         return Ok(None);
     }
     let tables_end = fixed.tables_end();
-    // A segment sealed empty (a snapshot or deletion with no write since
-    // the last seal point) has no tables: nothing to read, and S3 clients
-    // refuse a GET of zero bytes.
-    let tables = if tables_end <= FIXED_HEADER_BYTES as u64 {
-        bytes::Bytes::new()
-    } else {
-        match get(&r.job.owner, path, FIXED_HEADER_BYTES as u64..tables_end).await? {
-            Got::Bytes(b) => b,
-            Got::Gone => {
-                r.gone = true;
-                return Ok(None);
-            }
+    // Empty for a segment sealed empty: no request (`Store::get_range`).
+    let tables = match get(&r.job.owner, path, FIXED_HEADER_BYTES as u64..tables_end).await? {
+        Got::Bytes(b) => b,
+        Got::Gone => {
+            r.gone = true;
+            return Ok(None);
         }
     };
     r.bytes_read += tables.len() as u64;
@@ -321,24 +315,16 @@ fn damaged_chunks(r: &mut SegmentResult, (from, to, error): (u64, u64, String), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::segment::{encode_header, JournalSpan};
+    use crate::format::segment::empty_segment_header;
     use strata_store::{ObjectNames, Store};
 
     /// An empty segment (sealed with no entries: no tables, no data) is
     /// checked with one read, its header's, and is clean: no read of zero
-    /// bytes, which S3 clients refuse (the in-memory store does not, so
-    /// the reads are counted).
+    /// bytes, which S3 clients and the in-memory store refuse.
     #[tokio::test]
     async fn an_empty_segment_is_clean() {
         let uuid = [5u8; 16];
-        let span = JournalSpan {
-            journal_id: [9; 16],
-            first_jseq: 0,
-            last_jseq: 3,
-            end_lpos: 180,
-        };
-        // Version 1 (an uncompressed volume): no salt, so no tables at all.
-        let header = encode_header(7, &uuid, &span, &[], &[]);
+        let header = empty_segment_header(7, &uuid);
         let store = Store::in_memory();
         let names = ObjectNames::new("v");
         let path = names.segment(7);

@@ -126,7 +126,7 @@ pub(crate) async fn fetch_segment_header(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::segment::{encode_header, JournalSpan};
+    use crate::format::segment::empty_segment_header;
 
     /// A segment sealed empty (a snapshot with no write since the last
     /// seal point), uncompressed, has zero bytes of tables: its index is
@@ -139,13 +139,7 @@ mod tests {
         let store = Store::in_memory();
         let names = ObjectNames::new("v");
         let uuid = [3u8; 16];
-        let span = JournalSpan {
-            journal_id: [9; 16],
-            first_jseq: 0,
-            last_jseq: 3,
-            end_lpos: 180,
-        };
-        let header = encode_header(12, &uuid, &span, &[], &[]);
+        let header = empty_segment_header(12, &uuid);
         store
             .object_store()
             .put(&names.segment(12), header.into())
