@@ -1,6 +1,8 @@
 //! How many of hydration's GETs for the rest of a volume (not ahead of a
 //! reader) may be in flight, changed while they run: the scheduler
-//! (`volume/hydrate.rs`) sets it each tick as clients come and go, and
+//! (`volume/hydrate.rs`) sets it each tick as clients come and go (one
+//! beside a shallow reader at random; all while no client reads or while
+//! a reader is led, when no new unit starts but those sent finish), and
 //! each GET passes the gate before it is sent.
 //!
 //! Why per GET and not per unit: a unit is up to 32 MiB of a segment, sent
