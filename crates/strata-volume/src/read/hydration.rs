@@ -345,18 +345,13 @@ async fn fetch_missing(
             fetch_group(caches, reader, seq, &idx, &group, blocks, progress, gaps).await
         }
     });
-    let results: Vec<_> = fetches.buffer_unordered(MAX_HYDRATION_GETS).collect().await;
+    let groups: Vec<_> = fetches.buffer_unordered(MAX_HYDRATION_GETS).collect().await;
     let mut waited = Vec::new();
-    let results: Vec<_> = results
-        .into_iter()
-        .flat_map(|r| match r {
-            Ok((written, theirs)) => {
-                waited.extend(theirs);
-                written
-            }
-            Err(e) => vec![Err(e)],
-        })
-        .collect();
+    let mut results = Vec::new();
+    for (written, theirs) in groups {
+        results.extend(written);
+        waited.extend(theirs);
+    }
     let mut first_error = None;
     for r in results {
         match r {
@@ -402,7 +397,7 @@ async fn fetch_group(
     blocks: &[u64],
     progress: &Hydration,
     gaps: Gaps,
-) -> Result<(Vec<Written>, Vec<Option<RunBytes>>), VolumeError> {
+) -> (Vec<Written>, Vec<Option<RunBytes>>) {
     let all: Vec<usize> = (0..numbers.len()).collect();
     // Chunks a client read is fetching come back as waits: not ours.
     let plan = caches.plan_fetch_with_gap(reader.uuid, seq, numbers, &all, false, gaps.coalescing);
@@ -442,7 +437,7 @@ async fn fetch_group(
         waits,
     )
     .await;
-    Ok((results, waited))
+    (results, waited)
 }
 
 /// The parts of a fetched, block-aligned run to write to the disk cache:
