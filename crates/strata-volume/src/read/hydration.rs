@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::block_cache::{BlockKey, CHUNKS_PER_BLOCK};
+use super::client_pace::ClientPace;
 use super::fetch_plan::{coalesce, Coalescing, FetchKind, RunBytes};
 use super::hydration_limits::MAX_HYDRATION_GETS;
 use super::rest_gate::RestGate;
@@ -92,6 +93,10 @@ pub struct HydrationStats {
     pub profile: String,
     /// Bytes of the profile's ranges local after its prefetch so far.
     pub profile_bytes: u64,
+    /// Of `gets` and `fetched_bytes`: those ahead of a client's reads
+    /// (the region it reads, fetched before it asks).
+    pub lead_gets: u64,
+    pub lead_bytes: u64,
 }
 
 /// One volume's hydration progress. Cheap atomics: the task writes, stats
@@ -108,8 +113,13 @@ pub(crate) struct Hydration {
     finished: Mutex<Option<Instant>>,
     profile: Mutex<String>,
     pub profile_bytes: AtomicU64,
+    /// GETs and bytes of units ahead of a reader (`HydrationStats`).
+    pub lead_gets: AtomicU64,
+    pub lead_bytes: AtomicU64,
     /// GETs of the rest of the volume in flight, as clients allow.
     pub(crate) rest_gate: RestGate,
+    /// What the volume's clients have read, for the profile's prefetch.
+    pub(crate) pace: ClientPace,
 }
 
 impl Hydration {
@@ -125,7 +135,10 @@ impl Hydration {
             finished: Mutex::new(None),
             profile: Mutex::new(String::new()),
             profile_bytes: AtomicU64::new(0),
+            lead_gets: AtomicU64::new(0),
+            lead_bytes: AtomicU64::new(0),
             rest_gate: RestGate::new(MAX_HYDRATION_GETS),
+            pace: ClientPace::default(),
         }
     }
 
@@ -183,6 +196,8 @@ impl Hydration {
             elapsed_ms: elapsed.as_millis() as u64,
             profile: self.profile.lock().clone(),
             profile_bytes: load(&self.profile_bytes),
+            lead_gets: load(&self.lead_gets),
+            lead_bytes: load(&self.lead_bytes),
         }
     }
 }
@@ -419,9 +434,12 @@ async fn fetch_group(
                 .fetch_run(caches, &idx, seq, run, claim, FetchKind::Hydrate)
                 .await?;
             progress.gets.fetch_add(1, Ordering::Relaxed);
-            progress
-                .fetched_bytes
-                .fetch_add(fetched.bytes.len() as u64, Ordering::Relaxed);
+            let got = fetched.bytes.len() as u64;
+            progress.fetched_bytes.fetch_add(got, Ordering::Relaxed);
+            if gaps.lead {
+                progress.lead_gets.fetch_add(1, Ordering::Relaxed);
+                progress.lead_bytes.fetch_add(got, Ordering::Relaxed);
+            }
             let mut written = Vec::new();
             for part in wanted_parts(&fetched, blocks, gaps.cache_between) {
                 written.push(caches.insert_hydrated(reader.volume_key, seq, &part).await);

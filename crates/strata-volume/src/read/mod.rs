@@ -25,7 +25,9 @@
 //! ```
 
 mod background;
+mod background_cpu;
 mod block_cache;
+mod client_pace;
 mod disk_fill;
 mod disk_writer;
 mod fetch_plan;

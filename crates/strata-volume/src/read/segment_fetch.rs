@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::background_cpu;
 use super::fetch_plan::{ChunkKey, FetchKind, RunBytes};
 use super::hedge::{hedged, Race, MAX_HEDGED_BYTES};
 use super::inflight::Claim;
@@ -26,7 +27,7 @@ impl VolumeReader {
     pub(crate) async fn fetch_run(
         &self,
         caches: &SharedCaches,
-        idx: &SegmentIndex,
+        idx: &Arc<SegmentIndex>,
         seq: u64,
         run: Range<u64>,
         claim: Claim<ChunkKey, RunBytes>,
@@ -49,11 +50,15 @@ impl VolumeReader {
         let in_flight = client_miss.then(|| self.activity.fetch_started());
         let stored = self.get_range(caches, seq, range, kind).await?;
         drop(in_flight);
-        let bytes = match idx.decode_run(get.start, &stored) {
-            Ok(std::borrow::Cow::Borrowed(_)) => stored,
-            Ok(std::borrow::Cow::Owned(decoded)) => Bytes::from(decoded),
-            Err(d) => return Err(self.corrupt(seq, d)),
+        // A client waits for its own runs' decode; read-ahead's and
+        // hydration's run beside it at a lower priority.
+        let decoded = if kind == FetchKind::Read {
+            decode(idx, get.start, stored)
+        } else {
+            let idx = idx.clone();
+            background_cpu::run(move || decode(&idx, get.start, stored)).await
         };
+        let bytes = decoded.map_err(|d| self.corrupt(seq, d))?;
         let fetched = RunBytes {
             first_chunk: get.start,
             bytes,
@@ -192,5 +197,14 @@ impl VolumeReader {
             claim.complete(idx.clone());
         }
         Ok(idx)
+    }
+}
+
+/// A fetched run's logical bytes: `stored` itself when it is stored as it
+/// is (verified), else decoded and verified.
+fn decode(idx: &SegmentIndex, first_chunk: u64, stored: Bytes) -> Result<Bytes, String> {
+    match idx.decode_run(first_chunk, &stored)? {
+        std::borrow::Cow::Borrowed(_) => Ok(stored),
+        std::borrow::Cow::Owned(decoded) => Ok(Bytes::from(decoded)),
     }
 }

@@ -282,7 +282,7 @@ impl VolumeReader {
     async fn fetch_missing(
         &self,
         caches: &SharedCaches,
-        idx: &SegmentIndex,
+        idx: &Arc<SegmentIndex>,
         seq: u64,
         chunks: &mut SegmentChunks,
         pieces: &[StoredPiece<'_>],

@@ -29,6 +29,7 @@ impl Volume {
     /// is now.
     pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         self.note_read_for_profile(offset, buf.len() as u64);
+        self.hydration.pace.note(buf.len() as u64);
         let mut attempt = 0;
         loop {
             let mut seqs = Vec::new();
