@@ -414,6 +414,15 @@ async fn fetch_group(
     gaps: Gaps,
 ) -> (Vec<Written>, Vec<Option<RunBytes>>) {
     let all: Vec<usize> = (0..numbers.len()).collect();
+    // The rate limit is taken before anything is claimed: a client read of
+    // these chunks waits for a claim's GET, and must not wait for the
+    // limit too (with `--hydrate-rate 4KiB`, a client's 4 KiB read of a
+    // claimed chunk waited past qemu-io's 120 s timeout:
+    // `tests/hydration.rs::a_clients_read_never_waits_for_the_hydration_rate_limit`).
+    if let (Some(&first), Some(&last)) = (numbers.first(), numbers.last()) {
+        let stored = idx.chunk_range(first, last);
+        caches.hydration_rate.take(stored.end - stored.start).await;
+    }
     // Chunks a client read is fetching come back as waits: not ours.
     let plan = caches.plan_fetch_with_gap(reader.uuid, seq, numbers, &all, false, gaps.coalescing);
     let fetches = futures::stream::iter(plan.runs).map(|(run, claim)| {
@@ -428,8 +437,6 @@ async fn fetch_group(
                 .acquire()
                 .await
                 .map_err(|_| VolumeError::Invalid("hydration stopped".into()))?;
-            let stored = idx.chunk_range(run.start, run.end - 1);
-            caches.hydration_rate.take(stored.end - stored.start).await;
             let fetched = reader
                 .fetch_run(caches, &idx, seq, run, claim, FetchKind::Hydrate)
                 .await?;
