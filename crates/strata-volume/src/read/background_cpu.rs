@@ -30,12 +30,12 @@ const NICE: i32 = 10;
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The pool's queue; `None` when no thread could start (jobs run inline).
-fn queue() -> &'static Option<Mutex<mpsc::Sender<Job>>> {
-    static QUEUE: OnceLock<Option<Mutex<mpsc::Sender<Job>>>> = OnceLock::new();
+fn queue() -> &'static Option<mpsc::Sender<Job>> {
+    static QUEUE: OnceLock<Option<mpsc::Sender<Job>>> = OnceLock::new();
     QUEUE.get_or_init(start)
 }
 
-fn start() -> Option<Mutex<mpsc::Sender<Job>>> {
+fn start() -> Option<mpsc::Sender<Job>> {
     let (tx, rx) = mpsc::channel::<Job>();
     let rx = std::sync::Arc::new(Mutex::new(rx));
     let mut started = 0;
@@ -62,25 +62,32 @@ fn start() -> Option<Mutex<mpsc::Sender<Job>>> {
             }
         }
     }
-    (started > 0).then(|| Mutex::new(tx))
+    (started > 0).then_some(tx)
+}
+
+/// The calling thread's id and nice value (`None`: unknown).
+fn this_thread_nice() -> (libc::id_t, Option<i32>) {
+    // SAFETY: gettid and getpriority take no pointers; `which` and `who`
+    // name this thread only. errno is cleared first because -1 is a valid
+    // nice value.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
+        (tid, (*libc::__errno_location() == 0).then_some(nice))
+    }
 }
 
 /// Lowers the calling thread's priority to `NICE` (Linux: a thread's own
 /// nice value), unless the process runs lower already. A failure only
 /// costs the clients some latency.
 fn lower_priority() {
-    // SAFETY: gettid, getpriority and setpriority take no pointers; `which`
-    // and `who` name this thread only. errno is cleared first because -1
-    // is a valid nice value.
-    let rc = unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        *libc::__errno_location() = 0;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        if now >= NICE && *libc::__errno_location() == 0 {
-            return;
-        }
-        libc::setpriority(libc::PRIO_PROCESS, tid, NICE)
-    };
+    let (tid, nice) = this_thread_nice();
+    if nice.is_some_and(|n| n >= NICE) {
+        return;
+    }
+    // SAFETY: setpriority takes no pointers; it names this thread only.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, NICE) };
     if rc != 0 {
         tracing::debug!(
             error = %std::io::Error::last_os_error(),
@@ -99,7 +106,7 @@ pub(crate) async fn run<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'stati
     let job: Job = Box::new(move || {
         let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
     });
-    if let Err(mpsc::SendError(job)) = queue.lock().send(job) {
+    if let Err(mpsc::SendError(job)) = queue.send(job) {
         job();
     }
     match rx.await {
@@ -115,15 +122,8 @@ pub(crate) async fn run<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'stati
 mod tests {
     use super::*;
 
-    /// The calling thread's nice value.
     fn nice_of_this_thread() -> i32 {
-        // SAFETY: as in `lower_priority`; errno is cleared first because
-        // -1 is a valid answer.
-        unsafe {
-            *libc::__errno_location() = 0;
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::getpriority(libc::PRIO_PROCESS, tid)
-        }
+        this_thread_nice().1.unwrap_or(i32::MIN)
     }
 
     #[tokio::test]

@@ -26,7 +26,6 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::block_cache::{BlockKey, CHUNKS_PER_BLOCK};
-use super::client_pace::ClientPace;
 use super::fetch_plan::{coalesce, Coalescing, FetchKind, RunBytes};
 use super::hydration_limits::MAX_HYDRATION_GETS;
 use super::rest_gate::RestGate;
@@ -118,8 +117,9 @@ pub(crate) struct Hydration {
     pub lead_bytes: AtomicU64,
     /// GETs of the rest of the volume in flight, as clients allow.
     pub(crate) rest_gate: RestGate,
-    /// What the volume's clients have read, for the profile's prefetch.
-    pub(crate) pace: ClientPace,
+    /// Bytes the volume's clients have read since it was opened: how far
+    /// into the profile a boot is (`volume/hydrate.rs`, its prefetch).
+    pub(crate) client_read_bytes: AtomicU64,
 }
 
 impl Hydration {
@@ -138,7 +138,7 @@ impl Hydration {
             lead_gets: AtomicU64::new(0),
             lead_bytes: AtomicU64::new(0),
             rest_gate: RestGate::new(MAX_HYDRATION_GETS),
-            pace: ClientPace::default(),
+            client_read_bytes: AtomicU64::new(0),
         }
     }
 

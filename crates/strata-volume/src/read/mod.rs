@@ -27,7 +27,6 @@
 mod background;
 mod background_cpu;
 mod block_cache;
-mod client_pace;
 mod disk_fill;
 mod disk_writer;
 mod fetch_plan;

@@ -40,7 +40,7 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
-pub(crate) fn now_ms() -> u64 {
+fn now_ms() -> u64 {
     epoch().elapsed().as_millis() as u64 + 1
 }
 

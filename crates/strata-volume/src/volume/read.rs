@@ -7,6 +7,7 @@
 //! of the client's buffer as destinations (no extra copy).
 
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Allocation, Volume};
@@ -29,7 +30,9 @@ impl Volume {
     /// is now.
     pub async fn read(self: &Arc<Self>, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         self.note_read_for_profile(offset, buf.len() as u64);
-        self.hydration.pace.note(buf.len() as u64);
+        self.hydration
+            .client_read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         let mut attempt = 0;
         loop {
             let mut seqs = Vec::new();
