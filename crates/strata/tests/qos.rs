@@ -79,12 +79,12 @@ fn fio_is_held_to_its_limits_and_set_qos_applies_live() {
     let mut server = Server::start(tmp.path(), target, &[("vol", VOL)]);
     let uri = server.vol_uri();
     server.cli_ok(&["volume", "set-qos", "vol", "iops=2000"]);
-    let (iops, _) = fio_rate(tmp.path(), &uri, "randwrite", "4k", 32, 10);
+    let (iops, _) = fio_rate(tmp.path(), &uri, "randwrite", "4k", 32, 5);
     within("randwrite IOPS", iops, 2000.0);
-    let (iops, _) = fio_rate(tmp.path(), &uri, "randread", "4k", 32, 10);
+    let (iops, _) = fio_rate(tmp.path(), &uri, "randread", "4k", 32, 5);
     within("randread IOPS", iops, 2000.0);
     server.cli_ok(&["volume", "set-qos", "vol", "write-bw=50MiB"]);
-    let (_, bw) = fio_rate(tmp.path(), &uri, "write", "1M", 8, 10);
+    let (_, bw) = fio_rate(tmp.path(), &uri, "write", "1M", 8, 5);
     within("write bytes/s", bw, (50 << 20) as f64);
     let info = server.cli_ok(&["volume", "info", "vol"]);
     assert!(info.contains("qos:         write-bw=50 MiB ("), "{info}");

@@ -45,7 +45,7 @@ use futures::StreamExt;
 
 use super::live_blocks::{LiveBlocks, Unit};
 use super::profile::{load_profile, Found, ProfilePlace};
-use super::reader_follow::Follow;
+use super::reader_follow::{near_segments, Follow};
 use super::Volume;
 use crate::config::HydrateMode;
 use crate::format::access_profile::AccessProfile;
@@ -489,6 +489,9 @@ async fn run_round(
     let mut units = futures::stream::FuturesUnordered::new();
     let mut leads = 0usize;
     let mut follows = vec![Follow::default(); readers.len()];
+    // Segments this round fetches from: a reader's positions spread over
+    // them (and those local already), so "near" narrows on fewer.
+    let near = near_segments(live.segment_count());
     loop {
         let vol = weak.upgrade()?;
         if vol.hydration_should_stop() {
@@ -501,7 +504,7 @@ async fn run_round(
             };
             let fetches = r.activity.fetches_in_flight();
             let active = r.activity.read_within(CLIENT_ACTIVE_MS);
-            if !follow.note((seq, block), fetches) || !active {
+            if !follow.note((seq, block), fetches, near) || !active {
                 continue;
             }
             followed = true;

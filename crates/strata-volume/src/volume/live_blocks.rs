@@ -71,6 +71,11 @@ impl LiveBlocks {
         self.cutoff
     }
 
+    /// Segments with blocks left.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.segments.is_empty()
     }

@@ -20,9 +20,24 @@
 //! local at 20 ms against 1.18x with every reader led). A reader with
 //! many fetches at the store (`deep`) is not followed whatever its
 //! history.
+//!
+//! "Near" narrows with the number of segments the volume's positions
+//! spread over (`near_segments`): within `NEAR_SEGMENTS` either way is 9
+//! of 512 segments, but 9 of a 2 GiB volume's ~50 (64 MiB writes make
+//! segments of up to 64 MiB): a QD4 random reader was then followed in a
+//! third of the runs of `tests/hydration.rs`'s p99 test, and its p99
+//! went from ~70 to 175-225 ms. A random reader now lands near by chance
+//! at most about 1 in 18: the same segment or the next (a reader walking
+//! forward) on a small volume, wider as segments add up.
 
-/// A position this close (in segments) to the previous one is near.
+/// A position this close (in segments) to the previous one is near, on
+/// a volume of `NEAR_SPREAD_PER_SEGMENT * (2 * NEAR_SEGMENTS + 1)`
+/// segments or more (`near_segments`).
 const NEAR_SEGMENTS: u64 = 4;
+/// Segments per segment of the near window: a random reader lands near
+/// the one before by chance at most 1 in this many (~2.8%: five near of
+/// eight by chance, about one sample in a million).
+const NEAR_SPREAD_PER_SEGMENT: u64 = 36;
 /// Positions remembered (bits of `Follow::near`) ...
 const HISTORY: u32 = 8;
 /// ... of which this many near ones make a reader followed.
@@ -69,16 +84,19 @@ const _: () = assert!(HISTORY == u8::BITS && NEAR_OF <= HISTORY);
 impl Follow {
     /// Notes the reader's position `(seq, block)` (the same one again is
     /// not a new read) and its fetches at the store now; whether
-    /// hydration leads it now.
-    pub fn note(&mut self, position: (u64, u64), fetches: usize) -> bool {
+    /// hydration leads it now. `near`: `near_segments` of the volume.
+    pub fn note(&mut self, position: (u64, u64), fetches: usize, near: u64) -> bool {
         match self.last {
             Some(last) if last == position => {}
             Some((seq, _)) => {
+                // A lead covers its first segment and the next ones.
+                let width = (near + 2).min(NEAR_SEGMENTS);
                 let led = self
                     .regions
                     .iter()
-                    .any(|&r| r != u64::MAX && position.0 >= r && position.0 - r < NEAR_SEGMENTS);
-                let near = led || seq.abs_diff(position.0) <= NEAR_SEGMENTS;
+                    .any(|&r| r != u64::MAX && position.0 >= r && position.0 - r < width);
+                let forward = position.0 == seq.saturating_add(1);
+                let near = led || forward || seq.abs_diff(position.0) <= near;
                 self.near = (self.near << 1) | u8::from(near);
             }
             None => {}
@@ -99,13 +117,22 @@ impl Follow {
         self.deep_left > 0
     }
 
-    /// Notes a lead from segment `seq` on (`NEAR_SEGMENTS` segments).
+    /// Notes a lead from segment `seq` on.
     pub fn led(&mut self, seq: u64) {
         if !self.regions.contains(&seq) {
             self.regions[self.next_region] = seq;
             self.next_region = (self.next_region + 1) % REGIONS;
         }
     }
+}
+
+/// How far (in segments, either way) a position may be from the one
+/// before and still be near, among `segments` segments: `NEAR_SEGMENTS`
+/// where a window that wide is at most 1 in `NEAR_SPREAD_PER_SEGMENT` of
+/// them, narrower on fewer (0: the same segment, or the next one).
+pub(crate) fn near_segments(segments: usize) -> u64 {
+    let window = segments as u64 / NEAR_SPREAD_PER_SEGMENT;
+    (window.saturating_sub(1) / 2).min(NEAR_SEGMENTS)
 }
 
 #[cfg(test)]
@@ -126,29 +153,42 @@ mod tests {
             (42, 5),
             (44, 0),
         ];
-        let followed: Vec<bool> = positions.iter().map(|&p| walk.note(p, 1)).collect();
+        let followed: Vec<bool> = positions
+            .iter()
+            .map(|&p| walk.note(p, 1, NEAR_SEGMENTS))
+            .collect();
         // Five near moves (the repeat is not one) make it, a far jump
         // (to 40) among them only delays it.
         assert_eq!(
             followed,
             vec![false, false, false, false, false, false, false, true, true]
         );
-        assert!(!walk.note((45, 0), 64), "a deep reader is not followed");
+        assert!(
+            !walk.note((45, 0), 64, NEAR_SEGMENTS),
+            "a deep reader is not followed"
+        );
         assert!(walk.deep());
         // Back and forth between two regions, both led: followed.
         walk.led(44);
         walk.led(200);
         let both: Vec<bool> = [200, 46, 201, 45, 203, 44]
             .iter()
-            .map(|&s| walk.note((s, 0), 1))
+            .map(|&s| walk.note((s, 0), 1, NEAR_SEGMENTS))
             .collect();
         assert_eq!(both, vec![true; 6]);
         // Far jumps in a row stop it.
         let far: Vec<bool> = [100, 300, 400, 500]
             .iter()
-            .map(|&s| walk.note((s, 0), 1))
+            .map(|&s| walk.note((s, 0), 1, NEAR_SEGMENTS))
             .collect();
         assert_eq!(far, vec![true, true, true, false]);
+        assert_eq!(random_reader_followed(512), 0);
+    }
+
+    /// Samples of 100,000 in which a random reader over `segments`
+    /// segments is followed.
+    fn random_reader_followed(segments: u64) -> usize {
+        let near = near_segments(segments as usize);
         let mut random = Follow::default();
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         let mut led = 0;
@@ -156,8 +196,31 @@ mod tests {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            led += usize::from(random.note((rng % 512, rng >> 60), 1));
+            let followed = random.note((rng % segments, rng >> 60), 1, near);
+            if followed {
+                random.led(rng % segments);
+            }
+            led += usize::from(followed);
         }
-        assert_eq!(led, 0, "a random reader was followed");
+        led
+    }
+
+    #[test]
+    fn near_narrows_on_fewer_segments() {
+        assert_eq!(near_segments(512), NEAR_SEGMENTS);
+        assert_eq!(near_segments(324), NEAR_SEGMENTS);
+        assert_eq!(near_segments(323), 3);
+        assert_eq!(near_segments(128), 1);
+        assert_eq!(near_segments(50), 0);
+        assert_eq!(near_segments(0), 0);
+        // The p99 test's volume (2 GiB in ~50 segments), a coldclone
+        // image's (~40) and coldboot-big's (~350): never followed.
+        for segments in [40, 50, 128, 350] {
+            assert_eq!(random_reader_followed(segments), 0, "{segments} segments");
+        }
+        // A reader walking forward through a small volume still is.
+        let mut walk = Follow::default();
+        let followed = (0..8u64).map(|s| walk.note((s, 0), 1, near_segments(40)));
+        assert_eq!(followed.last(), Some(true));
     }
 }
