@@ -15,6 +15,7 @@ import time
 
 from .context import Ctx, split_cpus
 from .fio import WORKLOADS, generic_fio, run_one
+from .load import QUIET, loaded, parse_loads
 from .reports import (BASE, add_ratios, chart, compare_baseline, git_commit, machine, markdown, print_tables,
                       ratios_of, report_row)
 from .servers import (GUEST_SERVERS, QsdServer, SERVERS, StrataEmbedded, StrataMinio, StrataMinio20ms, StrataSeaweedfs,
@@ -59,6 +60,10 @@ def parse_args(argv):
     p.add_argument("--size", type=parse_size, help="volume/file size per server (default 2GiB, quick 128MiB)")
     p.add_argument("--runtime", type=int, help="measured seconds per workload (default 20, quick 1)")
     p.add_argument("--ramp", type=int, help="warm-up seconds before measuring (default 5, quick 0)")
+    p.add_argument("--load", default=QUIET,
+                   help="comma-separated loads the fio workloads run under, each a row of its own named"
+                        " WORKLOAD+LOAD next to the quiet one (default quiet): quiet, hog (one process spinning"
+                        " at normal priority beside the client: a busy host). E.g. --load quiet,hog")
     p.add_argument("--servers", help="comma-separated subset of: " + ",".join(s.name for s in SERVERS)
                    + "; guestio's: " + ",".join(s.name for s in GUEST_SERVERS)
                    + " (without --servers: every one, strata-seaweedfs and -20ms on randrw and coldread only,"
@@ -267,7 +272,12 @@ def main(argv):
         want = [w.name for w in CATALOG if w.default]
         if args.servers and any(s.name in args.servers.split(",") for s in GUEST_SERVERS):
             want.append(GUESTIO)
-    workloads = [w for w in WORKLOADS if w["name"] in want]
+    try:
+        loads = parse_loads(args.load)
+    except ValueError as e:
+        raise BenchError(str(e))
+    # Each fio workload under each load (load.py), the quiet one first.
+    workloads = [loaded(w, load) for w in WORKLOADS if w["name"] in want for load in loads]
     want_cold = COLD in want
     want_space = SPACE in want
     want_clone = COLDCLONE in want
@@ -284,7 +294,7 @@ def main(argv):
         guest_servers = []
     # A server whose default_workloads are none of this run's is not run
     # (its store is not started).
-    wanted = {w["name"] for w in workloads} | ({COLD} if want_cold else set())
+    wanted = {w.get("base", w["name"]) for w in workloads} | ({COLD} if want_cold else set())
     servers = [s for s in servers if s not in only or only[s] & wanted]
     # The smoke test (--quick alone) runs these on the embedded store only.
     smoke = args.quick and not args.servers and not args.workloads
@@ -352,7 +362,7 @@ def main(argv):
             for s in servers:
                 if wl.get("strata_only") and not issubclass(s, StrataServer):
                     continue
-                if s in only and wl["name"] not in only[s]:
+                if s in only and wl.get("base", wl["name"]) not in only[s]:
                     continue
                 if smoke and not in_smoke(wl, s):
                     continue
@@ -492,6 +502,10 @@ def main(argv):
         (HANDOVER, handover_servers), (MIGRATE, migrate_classes), (POWERLOSS, power_servers),
         (GUESTIO, guest_servers)) if did}
     wl_names = [w.name for w in CATALOG if w.name in ran]
+    # A loaded fio workload's table right after its quiet one's.
+    wl_names = [n for name in wl_names for n in [name] + [w["name"] for w in workloads
+                                                          if w.get("base") == name]]
+    wl_names += [w["name"] for w in workloads if w.get("base") and w["base"] not in wl_names]
     fio_params = {}
     for r in sorted(rows, key=lambda r: r["server"] != BASE):
         if r.get("fio") and r["workload"] not in fio_params:

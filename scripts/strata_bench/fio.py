@@ -3,13 +3,15 @@ ratio to nbdkit-memory), fio's command line, runs and their summary
 (IOPS, MB/s, latency percentiles), the prefill, and run_one: one such
 workload on one fresh server, sampled. COLS and HEAD are their table's."""
 
+import contextlib
 import json
 import os
 import subprocess
 import time
 
+from .load import host_load
 from .profiles import finish_perf, start_perf
-from .sampling import Sampler
+from .sampling import Sampler, host_busy, host_cpu_ticks
 from .util import BenchError, MiB
 
 
@@ -196,14 +198,17 @@ def measured_opts(wl, size, runtime, ramp):
 
 
 def run_one(ctx, server_cls, wl, profile=False):
-    """One workload on one fresh server. Returns a result row."""
+    """One workload on one fresh server (under the workload's load, if it
+    has one: load.py). Returns a result row."""
     args = ctx.args
     tag = wl["name"] + ("-profile" if profile else "")
     srv = server_cls(ctx, args.size, tag)
     ctx.live.append(srv)
     row = {"server": srv.name, "workload": wl["name"]}
     fio_timeout = args.runtime + args.ramp + 600
+    load = contextlib.ExitStack()
     try:
+        load.enter_context(host_load(wl.get("load")))
         srv.start()
         target = srv.fio_target()
         if wl["prefill"]:
@@ -220,11 +225,13 @@ def run_one(ctx, server_cls, wl, profile=False):
         opts = measured_opts(wl, args.size, args.runtime, args.ramp)
         perf = start_perf(ctx, srv) if profile else None
         with Sampler(srv.pid) as sampler:
-            t0 = time.time()
+            t0, h0 = time.time(), host_cpu_ticks()
             disk0 = disk_written_bytes()
             argv, data = run_fio(wl["name"], target, opts, os.path.join(srv.dir, "fio.json"), fio_timeout)
             disk1 = disk_written_bytes()
             fio_s = time.time() - t0
+            row["host_busy"] = host_busy(h0, host_cpu_ticks())
+        load.close()
         if perf:
             row["profile"] = finish_perf(ctx, perf)
         cpu, rss = sampler.window(t0 + args.ramp)
@@ -237,11 +244,16 @@ def run_one(ctx, server_cls, wl, profile=False):
                                                  row.get("note")) if x)
         if getattr(srv, "note", None):
             row["note"] = "; ".join(x for x in (srv.note(), row.get("note")) if x)
+        if row["host_busy"] is not None:
+            row["note"] = "; ".join(x for x in (row.get("note"), "host CPUs busy %.0f%%%s"
+                                                % (row["host_busy"] * 100,
+                                                   " (%s beside)" % wl["load"] if wl.get("load") else "")) if x)
         row.update({"cpu_s": cpu, "peak_rss_mib": rss / MiB if rss else None, "status": "ok",
                     "fio": " ".join(a for a in argv if not a.startswith("--output"))})
     except (BenchError, subprocess.TimeoutExpired, OSError) as e:
         row.update({"status": "failed", "error": str(e)})
     finally:
+        load.close()
         try:
             srv.stop()
         except BenchError as e:

@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 
+from .load import LOADS, base_name, load_of
 from .servers import SERVERS
 from .stores import PROXY_JITTER_MS, PROXY_LATENCY_MS
 from .util import GiB, REPO, fmt, log
@@ -79,8 +80,9 @@ def add_ratios(rows):
 
 
 def columns(wl):
-    """(columns, headings) of a workload's table (its CATALOG entry's)."""
-    w = BY_NAME[wl]
+    """(columns, headings) of a workload's table (its CATALOG entry's; a
+    loaded row's, its workload's)."""
+    w = BY_NAME[base_name(wl)]
     return w.cols, w.head
 
 
@@ -101,7 +103,9 @@ def table_rows(rows, wl):
 
 
 def workload_title(wl):
-    return BY_NAME[wl].title
+    load = load_of(wl)
+    title = BY_NAME[base_name(wl)].title
+    return "%s, %s" % (title, LOADS[load]) if load else title
 
 
 def print_tables(rows, workloads):
