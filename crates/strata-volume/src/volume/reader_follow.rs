@@ -84,19 +84,19 @@ const _: () = assert!(HISTORY == u8::BITS && NEAR_OF <= HISTORY);
 impl Follow {
     /// Notes the reader's position `(seq, block)` (the same one again is
     /// not a new read) and its fetches at the store now; whether
-    /// hydration leads it now. `near`: `near_segments` of the volume.
-    pub fn note(&mut self, position: (u64, u64), fetches: usize, near: u64) -> bool {
+    /// hydration leads it now. `reach`: `near_segments` of the volume.
+    pub fn note(&mut self, position: (u64, u64), fetches: usize, reach: u64) -> bool {
         match self.last {
             Some(last) if last == position => {}
             Some((seq, _)) => {
                 // A lead covers its first segment and the next ones.
-                let width = (near + 2).min(NEAR_SEGMENTS);
+                let width = (reach + 2).min(NEAR_SEGMENTS);
                 let led = self
                     .regions
                     .iter()
                     .any(|&r| r != u64::MAX && position.0 >= r && position.0 - r < width);
                 let forward = position.0 == seq.saturating_add(1);
-                let near = led || forward || seq.abs_diff(position.0) <= near;
+                let near = led || forward || seq.abs_diff(position.0) <= reach;
                 self.near = (self.near << 1) | u8::from(near);
             }
             None => {}
