@@ -63,7 +63,9 @@ def parse_args(argv):
     p.add_argument("--load", default=QUIET,
                    help="comma-separated loads the fio workloads run under, each a row of its own named"
                         " WORKLOAD+LOAD next to the quiet one (default quiet): quiet, hog (one process spinning"
-                        " at normal priority beside the client: a busy host). E.g. --load quiet,hog")
+                        " at normal priority beside the client: a busy host), guest (a QEMU TCG guest beside"
+                        " it, 2 vCPUs running fio randrw on a disk of its own: a peer VM; ~15 s to boot per row)."
+                        " E.g. --load quiet,hog,guest")
     p.add_argument("--servers", help="comma-separated subset of: " + ",".join(s.name for s in SERVERS)
                    + "; guestio's: " + ",".join(s.name for s in GUEST_SERVERS)
                    + " (without --servers: every one, strata-seaweedfs and -20ms on randrw and coldread only,"

@@ -208,7 +208,7 @@ def run_one(ctx, server_cls, wl, profile=False):
     fio_timeout = args.runtime + args.ramp + 600
     load = contextlib.ExitStack()
     try:
-        load.enter_context(host_load(wl.get("load")))
+        load.enter_context(host_load(ctx, wl.get("load")))
         srv.start()
         target = srv.fio_target()
         if wl["prefill"]:

@@ -52,6 +52,8 @@ def add_ratios(rows):
         return {r["workload"]: r["iops"] for r in rows
                 if r["server"] == server and r["status"] == "ok" and r.get("iops")}
     emb = iops_of("strata-embedded")
+    # Sustained writes next to the disk's own limit under the same syncs.
+    disk = iops_of("disk-fsync")
     s3 = {n: iops_of(n) for n in ("strata-minio", "strata-minio-20ms", "strata-seaweedfs")}
     on_s3 = ("strata-minio", "strata-minio-20ms", "strata-seaweedfs", "strata-seaweedfs-20ms")
     for r in rows:
@@ -66,6 +68,10 @@ def add_ratios(rows):
         if r["server"] == "strata-minio-20ms" and m:
             r["vs_minio_0ms"] = r["iops"] / m
             notes.append("%.2fx strata-minio (0 ms)" % r["vs_minio_0ms"])
+        d = disk.get(r["workload"])
+        if r["server"].startswith("strata-") and d:
+            r["vs_disk"] = r["iops"] / d
+            notes.append("%.2fx disk-fsync (the disk's limit)" % r["vs_disk"])
         w = s3["strata-seaweedfs"].get(r["workload"])
         if r["server"] == "strata-seaweedfs-20ms" and w:
             r["vs_seaweedfs_0ms"] = r["iops"] / w
@@ -135,6 +141,8 @@ def markdown(rows, workloads, meta, fio_params):
              " coldclone's, coldrandread's, coldboot's and coldboot-big's ratios are to their local reference (nbdkit file,"
              " page cache dropped):"
              " its time / the row's time, or the row's IOPS / its IOPS; guestio's are to qsd-vhost (see its section);"
+             " seqwrite's and seqwrite-flush's strata rows also to disk-fsync (fio writing a file of the same"
+             " disk with strata's syncs: the disk's limit);"
              " CPU s = server CPU time (user+sys) during the measured window; peak RSS sampled every 0.1 s",
              "- S3 latency: strata-minio and strata-seaweedfs rows (and `... 0ms` rows) talk to their store on"
              " 127.0.0.1 directly (~0 ms); strata-minio-20ms and strata-seaweedfs-20ms rows (and `... 20ms` rows)"

@@ -369,6 +369,36 @@ class NbdkitFile(FileServer):
         self.start_and_wait_socket(["nbdkit", "-f", "-U", self.sock, "file", "file=" + self.file])
 
 
+class DiskFsync(FileServer):
+    """No server: fio itself writes a file in the scratch dir (buffered
+    psync, the disk strata's data dir is on) with a sync every 16 writes,
+    16 MiB of the 1 MiB seqwrite: what the embedded store does with each
+    segment it stores. The disk's own limit under strata's sync pattern,
+    the yardstick of sustained writes (a workload that FLUSHes sets its
+    own `fsync` and overrides it: seqwrite-flush's every 64 writes). Its
+    CPU is not sampled (no process of its own)."""
+    name = "disk-fsync"
+    default_workloads = ("seqwrite", "seqwrite-flush")
+    in_quick = False
+    SYNC_EVERY_WRITES = 16
+
+    @property
+    def pid(self):
+        return -1
+
+    def start(self):
+        self.make_file()
+
+    def fio_target(self):
+        return {"ioengine": "psync", "filename": self.file, "fsync": str(self.SYNC_EVERY_WRITES)}
+
+    def note(self):
+        return "fio on a file of the data dir's disk, buffered, a sync every %d writes" % self.SYNC_EVERY_WRITES
+
+    def stop(self):
+        return 0
+
+
 class QemuNbd(FileServer):
     cache, aio = "writeback", "threads"
 
@@ -499,7 +529,7 @@ class S3backer(Server):
 
 SERVERS = [StrataEmbedded, StrataEmbeddedMetrics, StrataMinio, StrataMinio20ms, StrataSeaweedfs, StrataSeaweedfs20ms,
            StrataEmbeddedLz4, StrataEmbeddedZstd, StrataEmbeddedEnc,
-           StrataEmbeddedEncLz4, StrataEmbeddedTcp, StrataEmbeddedTls, NbdkitMemory, NbdkitFile, QemuNbdWriteback, QemuNbdNone, S3backer]
+           StrataEmbeddedEncLz4, StrataEmbeddedTcp, StrataEmbeddedTls, NbdkitMemory, NbdkitFile, DiskFsync, QemuNbdWriteback, QemuNbdNone, S3backer]
 
 
 # The guest disk's virtio queues (guestio's servers).

@@ -122,6 +122,22 @@ impl StagedFile {
         self.file.write_all_at(buf, offset)
     }
 
+    /// Starts the writeback of every dirty page of the file and waits for
+    /// it (`sync_file_range`: no metadata, no device cache flush; pacing,
+    /// not durability). Blocking.
+    pub fn write_back(&self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: on a file descriptor this `File` owns; no memory is
+        // passed. Offset 0, length 0: the whole file.
+        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), 0, 0, flags) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Makes the bytes written so far survive power loss.
     pub fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()

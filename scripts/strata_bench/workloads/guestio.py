@@ -203,14 +203,18 @@ def kernel_modules(kernel, names):
     return [os.path.join(root, m) for m in order]
 
 
-def guestio_initrd(ctx, kernel):
+def guestio_initrd(ctx, kernel, body=None, name="guestio-initrd.img"):
     """The guest's initramfs, an uncompressed newc archive: /gio/init
-    (GUESTIO_INIT with the measures), /gio/modules (kernel_modules),
-    /gio/bin (static busybox and its applets), /gio/bin/fio and /gio/lib
-    (every library `ldd fio` lists, its loader too), dev/console. Made once
-    per run; returns (path, {fio, libs, mib})."""
-    if getattr(ctx, "guestio_img", None):
-        return ctx.guestio_img
+    (GUESTIO_INIT with the measures, or with `body` in their place),
+    /gio/modules (kernel_modules), /gio/bin (static busybox and its
+    applets), /gio/bin/fio and /gio/lib (every library `ldd fio` lists, its
+    loader too), dev/console. Made once per run and name; returns (path,
+    {fio, libs, mib})."""
+    made = getattr(ctx, "guestio_imgs", None)
+    if made is None:
+        made = ctx.guestio_imgs = {}
+    if name in made:
+        return made[name]
     args = ctx.args
     bb = static_busybox()
     fio = shutil.which("fio")
@@ -249,7 +253,7 @@ def guestio_initrd(ctx, kernel):
             modules.append((name, path))
         else:
             raise BenchError("%s: a compressed module this script cannot unpack" % path)
-    init = GUESTIO_INIT.replace("@LOADER@", loader).replace("@MEASURES@", "\n".join(lines))
+    init = GUESTIO_INIT.replace("@LOADER@", loader).replace("@MEASURES@", body or "\n".join(lines))
     init = init.replace("@MODULES@", " ".join(n for n, _ in modules))
     d, f = 0o040755, 0o100755
     entries = [("dev", d, None, (0, 0)), ("dev/console", 0o020600, None, (5, 1)), ("proc", d, None, (0, 0)),
@@ -267,13 +271,13 @@ def guestio_initrd(ctx, kernel):
         if name not in seen:
             seen.add(name)
             entries.append(("gio/lib/" + name, f, os.path.realpath(path), (0, 0)))
-    path = os.path.join(ctx.scratch, "guestio-initrd.img")
+    path = os.path.join(ctx.scratch, name)
     with open(path, "wb") as out:
         cpio_newc(out, entries)
         size = out.tell()
-    ctx.guestio_img = (path, {"fio": fio, "libs": len(seen), "mib": round(size / MiB, 1),
-                              "modules": [n for n, _ in modules]})
-    return ctx.guestio_img
+    made[name] = (path, {"fio": fio, "libs": len(seen), "mib": round(size / MiB, 1),
+                         "modules": [n for n, _ in modules]})
+    return made[name]
 
 
 class GuestFio:

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::block_cache::{BlockCache, BlockKey, DiskHit, CHUNKS_PER_BLOCK};
+use super::block_cache::{BlockCache, BlockKey, DiskHit, BLOCK_BYTES, CHUNKS_PER_BLOCK};
+use super::disk_streams::DiskPiece;
 use super::fetch_plan::{SegmentChunks, StoredPiece};
 use super::shared_caches::SharedCaches;
 use super::volume_reader::VolumeReader;
@@ -76,7 +77,16 @@ impl VolumeReader {
             return false;
         }
         let (first, last) = (p.offset / CHUNK_BYTES, (end - 1) / CHUNK_BYTES);
-        self.disk_read_ahead(disk, seq, last / CHUNKS_PER_BLOCK, idx);
+        self.disk_read_ahead(
+            disk,
+            DiskPiece {
+                seq,
+                offset_bytes: p.offset,
+                end_bytes: end,
+                last_block: last / CHUNKS_PER_BLOCK,
+            },
+            idx,
+        );
         let mut chunk = first;
         while chunk <= last {
             let Some(key) = BlockKey::of_chunk(self.volume_key, seq, chunk) else {
@@ -116,30 +126,25 @@ impl VolumeReader {
         true
     }
 
-    /// Starts the kernel reading the cached blocks after `block` of segment
-    /// `seq` (up to `DISK_READ_AHEAD_BLOCKS` ahead, each block once): data
-    /// stored together is mostly read together (an image's files, a
+    /// Starts the kernel reading the cached blocks after `piece` in its
+    /// segment (up to `DISK_READ_AHEAD_BLOCKS` ahead, each block once per
+    /// stream) when the piece looks sequential there (`disk_streams.rs`):
+    /// data stored together is mostly read together (an image's files, a
     /// sequential reader), and the slots holding it are scattered.
-    fn disk_read_ahead(&self, disk: &BlockCache, seq: u64, block: u64, idx: &SegmentIndex) {
+    fn disk_read_ahead(&self, disk: &BlockCache, piece: DiskPiece, idx: &SegmentIndex) {
         let blocks = u64::from(idx.fixed.chunk_count).div_ceil(CHUNKS_PER_BLOCK);
-        let until = (block + 1 + DISK_READ_AHEAD_BLOCKS).min(blocks);
-        let from = {
-            let mut ahead = self.disk_read_ahead.lock();
-            let from = match *ahead {
-                (s, done) if s == seq && done > block && done <= until => done,
-                _ => block + 1,
-            };
-            if from >= until {
-                return;
-            }
-            *ahead = (seq, until);
-            from
+        let Some((from, until)) =
+            self.disk_read_ahead
+                .lock()
+                .note(piece, BLOCK_BYTES, DISK_READ_AHEAD_BLOCKS, blocks)
+        else {
+            return;
         };
         for b in from..until {
             let Ok(b) = u32::try_from(b) else { return };
             let key = BlockKey {
                 volume_key: self.volume_key,
-                seq,
+                seq: piece.seq,
                 block: b,
             };
             disk.read_ahead(&key);

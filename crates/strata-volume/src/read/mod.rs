@@ -28,6 +28,7 @@ mod background;
 mod background_cpu;
 mod block_cache;
 mod disk_fill;
+mod disk_streams;
 mod disk_writer;
 mod fetch_plan;
 mod hedge;

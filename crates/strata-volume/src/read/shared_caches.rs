@@ -213,7 +213,7 @@ impl SharedCaches {
                     get_bytes: AtomicU64::new(0),
                     data_key,
                     hydrating: AtomicU64::new(0),
-                    disk_read_ahead: Mutex::new((u64::MAX, 0)),
+                    disk_read_ahead: Mutex::new(Default::default()),
                     gets_in_flight: std::sync::atomic::AtomicUsize::new(0),
                     activity: Default::default(),
                 })

@@ -19,6 +19,7 @@ use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use strata_store::{ObjectNames, Store};
 
+use super::disk_streams::DiskStreams;
 use super::fetch_plan::{ChunkKey, FetchKind, RunBytes, SegmentChunks, StoredPiece};
 use super::inflight::Claim;
 use super::readahead::Streams;
@@ -54,9 +55,9 @@ pub(crate) struct VolumeReader {
     /// clones' for an ancestor's segments): while any runs, what clients
     /// fetch enters the disk cache on its first fetch.
     pub hydrating: AtomicU64,
-    /// The disk cache's read-ahead: the segment and the block up to which
-    /// the kernel was asked to read (`disk_fill.rs`).
-    pub disk_read_ahead: Mutex<(u64, u64)>,
+    /// The disk cache's read-ahead: the recent streams through segments,
+    /// and how far ahead each asked the kernel to read (`disk_fill.rs`).
+    pub disk_read_ahead: Mutex<DiskStreams>,
     /// This volume's data GETs in flight (its part of the server's fair
     /// share, `SharedCaches::gets_in_flight`).
     pub gets_in_flight: std::sync::atomic::AtomicUsize,

@@ -49,7 +49,7 @@ const ZERO_AHEAD_BYTES: u64 = 4 << 20;
 const ZERO_STEP_BYTES: u64 = 2 << 20;
 /// Written, not yet on disk: what a journal may leave to writeback while
 /// another is flushing.
-const YIELD_DIRTY_BYTES: u64 = 1 << 20;
+pub(crate) const YIELD_DIRTY_BYTES: u64 = 1 << 20;
 
 /// Punches are whole pages: records around them keep their bytes.
 const PAGE_BYTES: u64 = 4096;
@@ -64,6 +64,11 @@ impl Flushing {
     pub fn start() -> Flushing {
         FLUSHING.fetch_add(1, Ordering::AcqRel);
         Flushing(())
+    }
+
+    /// Whether any journal of the process is in its `fdatasync` now.
+    pub fn any() -> bool {
+        FLUSHING.load(Ordering::Acquire) > 0
     }
 }
 

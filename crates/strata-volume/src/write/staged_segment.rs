@@ -43,6 +43,8 @@ use tokio::sync::Notify;
 
 use crate::format::segment::{CHUNK_BYTES, FIXED_HEADER_BYTES};
 
+use super::journal_disk::{Flushing, YIELD_DIRTY_BYTES};
+
 /// The open segment's staged file. See the module doc.
 #[derive(Debug)]
 pub struct StagedSegment {
@@ -58,6 +60,8 @@ pub struct StagedSegment {
     /// Writes placed (their range reserved, their record appended) whose
     /// bytes are not in the file yet: the seal waits for them.
     in_flight: AtomicU64,
+    /// Bytes written since the last pacing wait (`pace`).
+    unpaced_bytes: AtomicU64,
     idle: Notify,
     /// Data-area ranges whose bytes are in the file; the seal writes the
     /// rest from memory.
@@ -114,6 +118,7 @@ impl PendingPlace {
             .lock()
             .push((self.data_offset, data.len() as u64));
         self.staged.written.fetch_add(1, Ordering::AcqRel);
+        self.staged.pace(data.len() as u64);
         Ok(())
     }
 }
@@ -138,6 +143,7 @@ impl StagedSegment {
             synced: AtomicU64::new(0),
             dir_synced: AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
+            unpaced_bytes: AtomicU64::new(0),
             idle: Notify::new(),
             ranges: Mutex::new(Vec::new()),
         }
@@ -161,6 +167,27 @@ impl StagedSegment {
             data_offset,
             in_flight: in_flight.clone(),
             jseq,
+        }
+    }
+
+    /// After a placed write of `len` bytes: while a journal of the process
+    /// is flushing, waits until this file's writes are on disk once more
+    /// than `YIELD_DIRTY_BYTES` went in since the last wait. A FLUSH's
+    /// device cache flush waits for every write queued on the disk: a
+    /// volume written flat out in 1 MiB writes otherwise leaves hundreds of
+    /// MiB of dirty pages in its segment file for a quiet volume's FLUSH to
+    /// wait behind (the journal's own writers are paced the same way,
+    /// `journal_disk.rs`). Pacing, not durability: an error is left to the
+    /// seal's or the FLUSH's sync, which report it.
+    fn pace(&self, len: u64) {
+        let dirty = self.unpaced_bytes.fetch_add(len, Ordering::AcqRel) + len;
+        if dirty <= YIELD_DIRTY_BYTES || !Flushing::any() {
+            return;
+        }
+        // Concurrent writers may both wait: either wait paces them.
+        self.unpaced_bytes.store(0, Ordering::Release);
+        if let Err(e) = self.file.write_back() {
+            tracing::debug!(error = %e, "staged segment: writeback for pacing failed");
         }
     }
 
