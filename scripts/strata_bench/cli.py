@@ -54,8 +54,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=DESCRIPTION)
     p.add_argument("--quick", action="store_true", help="CI smoke test (~3 min; it measures nothing): small volumes, ~1 s per row; alone (without"
                         " --servers or --workloads) every server runs randrw, strata-embedded every fio workload,"
-                        " strata-minio randrw-restart too, space and manyvolumes strata-embedded only, coldboot"
-                        " at 0 ms only")
+                        " strata-minio randrw-restart too, space and manyvolumes strata-embedded only, coldboot,"
+                        " coldclone and coldrandread at 0 ms only, one migration")
     p.add_argument("--out", default=os.path.join(REPO, "target/bench"), help="output directory")
     p.add_argument("--size", type=parse_size, help="volume/file size per server (default 2GiB, quick 128MiB)")
     p.add_argument("--runtime", type=int, help="measured seconds per workload (default 20, quick 1)")
@@ -97,7 +97,7 @@ def parse_args(argv):
     p.add_argument("--handover-lease-ttl-ms", type=int,
                    help="handover: both hosts' --lease-ttl-ms; the store path waits for the holder's renewal,"
                         " every third of it (default strata's, 30000; quick 3000)")
-    p.add_argument("--migrations", type=int, help="migrate: migrations per row (default 10, quick 2)")
+    p.add_argument("--migrations", type=int, help="migrate: migrations per row (default 10, quick 1)")
     p.add_argument("--migrate-via", choices=("socket", "store"), default="socket",
                    help="migrate: how the two hosts' strata reach each other: their control sockets (one"
                         " machine; the default) or only their records in the store (as across machines:"
@@ -175,7 +175,7 @@ def parse_args(argv):
         a.handover_runs = 1 if a.quick else 5
     a.handover_write = [parse_size(x) for x in (a.handover_write or ("4MiB" if a.quick else "8MiB,64MiB")).split(",")]
     if a.migrations is None:
-        a.migrations = 2 if a.quick else 10
+        a.migrations = 1 if a.quick else 10
     if a.handover_lease_ttl_ms is None and a.quick:
         a.handover_lease_ttl_ms = 3000
     if a.quick:
@@ -316,7 +316,8 @@ def main(argv):
     cold_classes = [c for c in (StrataMinio, StrataMinio20ms, StrataSeaweedfs, StrataSeaweedfs20ms)
                     if c in servers and COLD in only.get(c, {COLD})] if want_cold else []
     want_cold = bool(cold_classes)
-    # The cold-data workloads run strata on MinIO at 0 and 20 ms.
+    # The cold-data workloads run strata on MinIO at 0 and 20 ms (--quick:
+    # 0 ms).
     s3_strata = any(issubclass(s, StrataMinio) for s in servers)
     want_clone = want_clone and s3_strata
     want_crand = want_crand and s3_strata
@@ -435,18 +436,21 @@ def main(argv):
             report_row(row, s, failures)
             rows.append(row)
         if want_clone:
-            log("==> %-10s strata-minio at 0 and %d ms, nbdkit-file" % (COLDCLONE, PROXY_LATENCY_MS))
+            log("==> %-10s strata-minio at 0%s ms, nbdkit-file"
+                % (COLDCLONE, "" if args.quick else " and %d" % PROXY_LATENCY_MS))
             for row in run_coldclone(ctx):
                 report_row(row, StrataMinio, failures)
                 rows.append(row)
         if want_crand:
-            log("==> %-10s strata-minio at 0 and %d ms, nbdkit-file" % (COLDRAND, PROXY_LATENCY_MS))
+            log("==> %-10s strata-minio at 0%s ms, nbdkit-file"
+                % (COLDRAND, "" if args.quick else " and %d" % PROXY_LATENCY_MS))
             for row in run_coldrandread(ctx):
                 report_row(row, StrataMinio, failures)
                 rows.append(row)
         if want_boot:
-            log("==> %-10s strata-minio at 0%s ms (first boot, clone with profile), nbdkit-file"
-                % (COLDBOOT, "" if args.quick else " and %d" % PROXY_LATENCY_MS))
+            log("==> %-10s strata-minio at 0%s ms (first boot, clone with profile)%s"
+                % (COLDBOOT, "" if args.quick else " and %d" % PROXY_LATENCY_MS,
+                   "" if args.quick else ", nbdkit-file"))
             for row in run_coldboot(ctx):
                 report_row(row, StrataMinio, failures)
                 rows.append(row)
