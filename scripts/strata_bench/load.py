@@ -99,7 +99,7 @@ def busy_guest(ctx):
     QEMU when the block ends (BenchError if it does not come up)."""
     # Imported here: the workloads import the servers, which import fio.py,
     # which imports this module.
-    from .workloads.guestio import GUESTIO_CMDLINE, GUESTIO_CPUS, GUESTIO_MEM_MIB, guestio_initrd
+    from .workloads.guestio import guestio_initrd, guestio_qemu_argv
     from .workloads.qemu import BOOT_INIT_TIMEOUT, BootProc, guest_kernel
     kernel, _ = guest_kernel()
     initrd, _ = guestio_initrd(ctx, kernel, body=GUEST_BODY, name="busy-guest-initrd.img")
@@ -107,11 +107,9 @@ def busy_guest(ctx):
     disk, console, log = (os.path.join(d, n) for n in ("disk.img", "console.log", "qemu.log"))
     with open(disk, "wb") as f:
         f.truncate(GUEST_DISK_MIB * MiB)
-    argv = ["qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=multi", "-smp", str(GUESTIO_CPUS),
-            "-m", "%dM" % GUESTIO_MEM_MIB, "-nodefaults", "-display", "none", "-no-reboot",
-            "-kernel", kernel, "-initrd", initrd, "-append", GUESTIO_CMDLINE,
-            "-drive", "file=%s,format=raw,if=none,id=d0,cache=none,aio=threads" % disk,
-            "-device", "virtio-blk-pci,drive=d0", "-serial", "file:" + console]
+    argv = guestio_qemu_argv(kernel, initrd) + [
+        "-drive", "file=%s,format=raw,if=none,id=d0,cache=none,aio=threads" % disk,
+        "-device", "virtio-blk-pci,drive=d0", "-serial", "file:" + console]
     with open(log, "ab") as logf:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
                                 start_new_session=True)

@@ -59,7 +59,9 @@ pub use explaining_object_store::{ExplainingObjectStore, StorePlace};
 pub use instance_metadata::InstanceMetadata;
 pub use recycled_files::{RecycleSnapshot, DEFAULT_RECYCLE_BYTES, MIN_RECYCLE_BYTES, RECYCLE_DIR};
 pub use s3_config::{HttpMode, S3Config};
-pub use staged_files::{parse_staged_name, remove_staged_path, StagedFile, TAG_MAX, TAG_MIN};
+pub use staged_files::{
+    parse_staged_name, remove_staged_path, write_back, StagedFile, TAG_MAX, TAG_MIN,
+};
 pub use store_failure::{FailureKind, StoreFailure};
 
 pub use local_reader::LocalFile;

@@ -123,19 +123,9 @@ impl StagedFile {
     }
 
     /// Starts the writeback of every dirty page of the file and waits for
-    /// it (`sync_file_range`: no metadata, no device cache flush; pacing,
-    /// not durability). Blocking.
+    /// it (`write_back`). Blocking.
     pub fn write_back(&self) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        // SAFETY: on a file descriptor this `File` owns; no memory is
-        // passed. Offset 0, length 0: the whole file.
-        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), 0, 0, flags) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        write_back(&self.file, 0, 0)
     }
 
     /// Makes the bytes written so far survive power loss.
@@ -171,6 +161,28 @@ impl StagedFile {
     pub fn staging_path(&self) -> &FsPath {
         &self.staging
     }
+}
+
+/// Starts the writeback of bytes `[offset, offset + len)` of `file` (`len`
+/// 0: to its end) and waits until they are on disk (`sync_file_range`: no
+/// metadata, no device cache flush; pacing, not durability). Blocking.
+pub fn write_back(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: on a file descriptor `file` owns and keeps open for the
+    // call; no memory is passed.
+    if unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Removes a staging name; one already gone is not an error.

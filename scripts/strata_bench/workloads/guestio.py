@@ -280,6 +280,16 @@ def guestio_initrd(ctx, kernel, body=None, name="guestio-initrd.img"):
     return made[name]
 
 
+def guestio_qemu_argv(kernel, initrd):
+    """QEMU's arguments for a guest booting `kernel` with guestio's
+    initramfs `initrd` (TCG, GUESTIO_CPUS vCPUs, GUESTIO_MEM_MIB of RAM);
+    the caller adds its disk and console."""
+    return ["qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=multi",
+            "-smp", str(GUESTIO_CPUS), "-m", "%dM" % GUESTIO_MEM_MIB,
+            "-nodefaults", "-display", "none", "-no-reboot",
+            "-kernel", kernel, "-initrd", initrd, "-append", GUESTIO_CMDLINE]
+
+
 class GuestFio:
     """One boot of the guestio guest on a server's disk: QEMU with the
     console on its stdout, read by a thread that timestamps each line,
@@ -298,13 +308,11 @@ class GuestFio:
         self.qemu_pid = None
 
     def argv(self):
-        return ["qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=multi",
-                "-smp", str(GUESTIO_CPUS), "-m", "%dM" % GUESTIO_MEM_MIB,
-                "-object", "memory-backend-memfd,id=mem,size=%dM,share=on" % GUESTIO_MEM_MIB,
-                "-numa", "node,memdev=mem",
-                "-nodefaults", "-display", "none", "-no-reboot",
-                "-kernel", self.kernel, "-initrd", self.initrd, "-append", GUESTIO_CMDLINE] + list(self.disk_args) + [
-                "-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"]
+        # Shared memory: a vhost-user-blk backend maps the guest's RAM.
+        return guestio_qemu_argv(self.kernel, self.initrd) + [
+            "-object", "memory-backend-memfd,id=mem,size=%dM,share=on" % GUESTIO_MEM_MIB,
+            "-numa", "node,memdev=mem"] + list(self.disk_args) + [
+            "-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"]
 
     def command(self):
         return " ".join(self.argv()).replace(self.initrd, "INITRD")

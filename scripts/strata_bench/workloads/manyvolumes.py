@@ -76,7 +76,7 @@ def flush_neighbour(ctx, srv, n):
     quiet = ["v%d" % i for i in range(1, min(8, n) + 1)]
     heavy = "v%d" % min(9, n)
     runtime = max(2 if ctx.args.quick else 5, ctx.args.runtime // 2)
-    res = []
+    res, heavy_mbps = [], None
     for noisy in (False, True):
         out = os.path.join(srv.dir, "flush-%s.json" % ("noisy" if noisy else "quiet"))
         argv = ["fio", "--output-format=json", "--output=" + out, "--ioengine=nbd", "--time_based",

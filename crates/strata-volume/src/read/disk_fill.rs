@@ -83,7 +83,6 @@ impl VolumeReader {
                 seq,
                 offset_bytes: p.offset,
                 end_bytes: end,
-                last_block: last / CHUNKS_PER_BLOCK,
             },
             idx,
         );

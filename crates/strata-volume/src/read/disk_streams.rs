@@ -52,19 +52,19 @@ impl Default for DiskStreams {
 }
 
 /// A piece read from the disk cache: bytes `[offset_bytes, end_bytes)` of
-/// segment `seq`'s data area, whose last block is `last_block`.
+/// segment `seq`'s data area (not empty).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DiskPiece {
     pub seq: u64,
     pub offset_bytes: u64,
     pub end_bytes: u64,
-    pub last_block: u64,
 }
 
 impl DiskStreams {
     /// Notes `piece` and returns the blocks `[from, until)` of its segment
-    /// to read ahead, if any: up to `ahead_blocks` after its last block,
-    /// below `blocks` (the segment's), each asked for once per stream.
+    /// (blocks of `block_bytes`) to read ahead, if any: up to
+    /// `ahead_blocks` after its last block, below `blocks` (the
+    /// segment's), each asked for once per stream.
     pub fn note(
         &mut self,
         piece: DiskPiece,
@@ -72,9 +72,10 @@ impl DiskStreams {
         ahead_blocks: u64,
         blocks: u64,
     ) -> Option<(u64, u64)> {
-        assert!(piece.offset_bytes <= piece.end_bytes);
+        assert!(piece.offset_bytes < piece.end_bytes);
         let whole = piece.end_bytes - piece.offset_bytes >= block_bytes;
-        let until = (piece.last_block + 1 + ahead_blocks).min(blocks);
+        let last_block = (piece.end_bytes - 1) / block_bytes;
+        let until = (last_block + 1 + ahead_blocks).min(blocks);
         let slot = match self
             .slots
             .iter()
@@ -100,10 +101,10 @@ impl DiskStreams {
         }
         // Blocks already asked for (by this stream, not behind the piece)
         // are not asked for again.
-        let from = if s.ahead_until_block > piece.last_block && s.ahead_until_block <= until {
+        let from = if s.ahead_until_block > last_block && s.ahead_until_block <= until {
             s.ahead_until_block
         } else {
-            piece.last_block + 1
+            last_block + 1
         };
         if from >= until {
             return None;
@@ -121,12 +122,10 @@ mod tests {
     const AHEAD: u64 = 8;
 
     fn piece(seq: u64, offset: u64, len: u64) -> DiskPiece {
-        let end = offset + len;
         DiskPiece {
             seq,
             offset_bytes: offset,
-            end_bytes: end,
-            last_block: (end - 1) / BLOCK,
+            end_bytes: offset + len,
         }
     }
 

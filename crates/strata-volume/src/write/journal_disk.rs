@@ -146,7 +146,7 @@ impl JournalDisk {
     pub fn after_write(&mut self, file: &File, ring: u64, end_lpos: u64) -> io::Result<()> {
         self.written_until = self.written_until.max(end_lpos);
         let dirty = end_lpos.saturating_sub(self.clean_until);
-        if dirty <= YIELD_DIRTY_BYTES || FLUSHING.load(Ordering::Acquire) == 0 {
+        if dirty <= YIELD_DIRTY_BYTES || !Flushing::any() {
             return Ok(());
         }
         let from = self.clean_until.max(end_lpos.saturating_sub(ring));

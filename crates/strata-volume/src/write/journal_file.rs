@@ -88,24 +88,10 @@ pub(crate) fn write_zeros(file: &File, start: u64, end: u64) -> io::Result<()> {
 }
 
 /// Starts the writeback of ring bytes `[start, end)` (ring offsets) and
-/// waits until they are on disk (`sync_file_range`; no metadata, no device
-/// cache flush: pacing, not durability).
+/// waits until they are on disk (`strata_store::write_back`: pacing, not
+/// durability).
 pub(crate) fn write_back(file: &File, start: u64, end: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(len)) = (
-        libc::off64_t::try_from(SUPERBLOCK_BYTES + start),
-        libc::off64_t::try_from(end - start),
-    ) else {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    };
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-        | libc::SYNC_FILE_RANGE_WRITE
-        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: on a file descriptor this `File` owns; no memory is passed.
-    if unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    strata_store::write_back(file, SUPERBLOCK_BYTES + start, end - start)
 }
 
 /// Gives the disk space of ring bytes `[start, end)` (ring offsets) back to
