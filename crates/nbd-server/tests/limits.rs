@@ -6,7 +6,7 @@
 // Test helpers outside #[test] functions unwrap too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::ErrorKind;
 use std::sync::atomic::Ordering;

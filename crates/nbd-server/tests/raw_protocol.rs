@@ -4,7 +4,7 @@
 // Test helpers outside #[test] functions unwrap too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path as FsPath;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -22,7 +22,7 @@ use object_store::{
 use strata_store::{ObjectNames, Store};
 use strata_volume::{Engine, VolumeConfig};
 
-mod common;
+use crate::common;
 use common::MIB;
 
 const KIB: u64 = 1 << 10;

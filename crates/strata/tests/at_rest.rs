@@ -6,7 +6,7 @@
 //! key. (Damaged and swapped chunks: `strata-volume/tests/at_rest.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

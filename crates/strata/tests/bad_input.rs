@@ -5,7 +5,7 @@
 //! delete, sizes) since the error cases are defined relative to it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::http_stub::{closed_port, HttpStub, StubReply, StubRequest};
 use common::*;

@@ -7,7 +7,7 @@
 //! MinIO).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::copy_round_trip;
 use common::*;

@@ -14,7 +14,7 @@
 //! or a fault-injecting block device, which CI does not have).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::crash_check::{crash_under_load, KillAfter, CRASH_SERVE_ARGS};
 use common::*;

@@ -5,7 +5,7 @@
 //! misdirected diff file changes nothing. On the embedded store and MinIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! Needs root (loop devices, mount) and /dev/fuse, which CI has.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::ext4_survives_restart;
 use common::*;

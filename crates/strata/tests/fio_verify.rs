@@ -4,7 +4,7 @@
 //! The workload is `common::clients::FioVerify` (the S3 tests run it too).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::FioVerify;
 use common::*;

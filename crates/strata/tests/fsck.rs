@@ -7,7 +7,7 @@
 //! snapshot, a bad name, an encrypted volume without its key).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

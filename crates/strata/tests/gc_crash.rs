@@ -7,7 +7,7 @@
 //! resumes where the crashed one stopped, and space comes back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! pending deletions with the manifest) and the data reads back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::thread;

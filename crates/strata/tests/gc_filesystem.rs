@@ -6,7 +6,7 @@
 //! during the run. Needs root (loop devices, mount) and /dev/fuse.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -6,7 +6,7 @@
 //! second requests win; `--hedge-reads off` sends none.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

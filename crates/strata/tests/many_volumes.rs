@@ -6,7 +6,7 @@
 //! write (each under its fair share never waits for the others).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{qemu_io, qemu_io_verify};
 use common::*;

@@ -4,7 +4,7 @@
 //! resident set is sampled during the run and must stay under 512 MiB.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -7,7 +7,7 @@
 //! backwards, and carry no high-cardinality label.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};

@@ -34,7 +34,7 @@
 //! to the bench harness (`scripts/bench --workloads migrate`), not here.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;

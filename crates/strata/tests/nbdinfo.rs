@@ -2,7 +2,7 @@
 //! flags, block size constraints, metadata contexts, one export per volume.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

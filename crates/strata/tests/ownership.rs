@@ -47,7 +47,7 @@
 //!     journal, which the handover uploads).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{pattern_reads, qemu_io_verify, write_patterns};
 use common::crash_check::{

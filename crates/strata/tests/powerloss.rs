@@ -13,7 +13,7 @@
 //! minute); long runs: `scripts/bench --workloads powerloss --cycles N`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use strata_testkit::lossy_fs::LossMode;

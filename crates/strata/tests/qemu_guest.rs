@@ -27,7 +27,7 @@
 // Test helpers outside #[test] functions unwrap too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

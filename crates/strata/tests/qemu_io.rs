@@ -6,7 +6,7 @@
 //! `common::clients::qemu_io_patterns` (s3_clients.rs runs it on MinIO).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::qemu_io_patterns;
 use common::*;

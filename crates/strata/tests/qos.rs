@@ -5,7 +5,7 @@
 //! specs refused in one line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! before or after its manifest write leaves the old size or the new one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! and the data is verified again, cold.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::*;
 use common::*;

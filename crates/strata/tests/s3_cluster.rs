@@ -5,7 +5,7 @@
 //! host with empty caches verifies everything from the cluster.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{FioGroup, FioVerify};
 use common::*;

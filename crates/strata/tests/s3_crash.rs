@@ -12,7 +12,7 @@
 //!    the second test shows it does (which also shows the check can fail).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{qemu_io, qemu_io_verify};
 use common::crash_check::{

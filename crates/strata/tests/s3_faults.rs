@@ -5,7 +5,7 @@
 //! caches verifies everything again from MinIO, still under faults.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::FioVerify;
 use common::*;

@@ -13,7 +13,7 @@
 //!     snapshot, deletes none and resizes nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{pattern_reads, qemu_io, qemu_io_verify, write_patterns};
 use common::*;

@@ -9,7 +9,7 @@
 //! shape as the MinIO node kill (`s3_cluster.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{FioGroup, FioVerify};
 use common::*;

@@ -7,7 +7,7 @@
 //! acknowledged write reads back, and the next operations work.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{qemu_io, qemu_io_verify};
 use common::*;

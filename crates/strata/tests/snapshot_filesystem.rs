@@ -8,7 +8,7 @@
 //! Needs root (loop devices, mount) and /dev/fuse, which CI has.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

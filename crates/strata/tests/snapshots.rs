@@ -6,7 +6,7 @@
 //! on MinIO.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::clients::{qemu_io, qemu_io_verify};
 use common::*;

@@ -10,7 +10,7 @@
 // Test helpers outside #[test] functions unwrap too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! and again after a clean restart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

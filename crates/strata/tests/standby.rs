@@ -31,7 +31,7 @@
 //!     the view starts again from the checkpoint and reads the latest data.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::thread;
 use std::time::{Duration, Instant};

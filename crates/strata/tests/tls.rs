@@ -6,7 +6,7 @@
 //! `crates/nbd-server/tests/tls.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
