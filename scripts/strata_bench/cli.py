@@ -85,9 +85,9 @@ def parse_args(argv):
     p.add_argument("--idlecost-volumes",
                    help="idlecost: comma-separated volume counts, one server each (default 50,1000, quick 20)")
     p.add_argument("--idlecost-idle-s", type=int,
-                   help="idlecost: seconds of idle measured (default 60, quick 5)")
+                   help="idlecost: seconds of idle measured (default 60, quick 3)")
     p.add_argument("--idlecost-settle-s", type=int,
-                   help="idlecost: seconds between the writes and the idle window (default 15, quick 5)")
+                   help="idlecost: seconds between the writes and the idle window (default 15, quick 2)")
     p.add_argument("--idlecost-write", type=parse_size,
                    help="idlecost: bytes written to each volume (default 4MiB, 1MiB past 100 volumes)")
     p.add_argument("--handover-runs", type=int, help="handover: runs per row (default 5, quick 1)")
@@ -168,9 +168,9 @@ def parse_args(argv):
         a.cycles = 20 if a.quick else 500
     a.idlecost_volumes = [int(x) for x in (a.idlecost_volumes or ("20" if a.quick else "50,1000")).split(",")]
     if a.idlecost_idle_s is None:
-        a.idlecost_idle_s = 5 if a.quick else 60
+        a.idlecost_idle_s = 3 if a.quick else 60
     if a.idlecost_settle_s is None:
-        a.idlecost_settle_s = 5 if a.quick else 15
+        a.idlecost_settle_s = 2 if a.quick else 15
     if a.handover_runs is None:
         a.handover_runs = 1 if a.quick else 5
     a.handover_write = [parse_size(x) for x in (a.handover_write or ("4MiB" if a.quick else "8MiB,64MiB")).split(",")]

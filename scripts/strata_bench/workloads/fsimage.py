@@ -102,6 +102,32 @@ class FsMount:
 IMAGE_SOURCES = ("/usr/lib", "/usr/share", "/usr/bin", "/usr/sbin", "/usr/libexec", "/usr/include")
 
 
+_USR_SAMPLE = []
+
+
+def usr_sample():
+    """The regular files under IMAGE_SOURCES of at most 16 MiB, as (path,
+    size), in a fixed random order. Walked once per run: the walk of a
+    developer machine's /usr takes seconds, and coldclone, coldboot and
+    coldboot-big each build an image from it."""
+    if not _USR_SAMPLE:
+        candidates = []
+        for top in IMAGE_SOURCES:
+            for dirpath, _, filenames in os.walk(top):
+                for name in filenames:
+                    path = os.path.join(dirpath, name)
+                    try:
+                        st = os.lstat(path)
+                    except OSError:
+                        continue
+                    if st.st_mode & 0o170000 == 0o100000 and st.st_size <= 16 * MiB:  # regular files
+                        candidates.append((path, st.st_size))
+        candidates.sort()
+        random.Random(20).shuffle(candidates)
+        _USR_SAMPLE.extend(candidates)
+    return _USR_SAMPLE
+
+
 def usr_image(size, d, label, extra=None, usr_budget=None, extra_what="a busybox root"):
     """An ext4 image of `size` in directory d: a deterministic random sample
     of the regular files under /usr (each at most 16 MiB: /usr's mix of
@@ -115,19 +141,7 @@ def usr_image(size, d, label, extra=None, usr_budget=None, extra_what="a busybox
     root = os.path.join(d, "root")
     os.makedirs(root, exist_ok=True)
     t0 = time.time()
-    candidates = []
-    for top in IMAGE_SOURCES:
-        for dirpath, _, filenames in os.walk(top):
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                if st.st_mode & 0o170000 == 0o100000 and st.st_size <= 16 * MiB:  # regular files
-                    candidates.append((path, st.st_size))
-    candidates.sort()
-    random.Random(20).shuffle(candidates)
+    candidates = usr_sample()
     budget = int(size * 0.6) if usr_budget is None else int(usr_budget)
     files = used = nbytes = 0
     for path, fsize in candidates:
