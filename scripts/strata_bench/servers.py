@@ -289,6 +289,26 @@ class StrataS3(StrataServer):
             return self.proxy().describe()
         return "S3 at ~0 ms (%s on 127.0.0.1)" % self.s3store().name
 
+    def release(self):
+        """Deletes the row's objects (its prefix of the run's bucket),
+        --keep or not: a full run's MinIO rows otherwise keep every row's
+        volume, 40 GB of a 1 GiB run, which filled the disk of the 2-core
+        VM halfway through one (2026-11-29)."""
+        if getattr(self, "_released", False):
+            return
+        store = getattr(self.ctx, self.store_attr, None)
+        if store is None or store.proc is None or store.proc.poll() is not None:
+            return
+        try:
+            store.delete_prefix(self.prefix + "/", bucket=self.bucket)
+        except BenchError as e:
+            log("    note: objects under %s/%s/ not deleted: %s" % (self.bucket, self.prefix, e))
+        self._released = True
+
+    def cleanup(self):
+        self.release()
+        super().cleanup()
+
 
 class StrataMinio(StrataS3):
     name = "strata-minio"
