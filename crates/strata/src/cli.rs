@@ -142,6 +142,44 @@ pub enum Command {
     /// The store itself: whether strata can safely use it.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// The Kubernetes CSI driver: `strata serve` with the CSI endpoint
+    /// beside it. The Controller service makes, snapshots, clones, grows
+    /// and deletes volumes (the provisioner's, snapshotter's and
+    /// resizer's calls); the Node service gives pods a block device or a
+    /// filesystem (kubelet's). Volumes open when a node stages them, not
+    /// at start. See docs/design/csi.md and deploy/kubernetes/.
+    Csi(Box<CsiArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct CsiArgs {
+    /// Where the sidecars and kubelet connect: unix:///PATH (e.g.
+    /// unix:///csi/csi.sock).
+    #[arg(long, value_name = "unix:///PATH")]
+    pub endpoint: String,
+
+    /// This node's name, as Kubernetes knows it (the pod's
+    /// spec.nodeName): the topology of volumes on a local store.
+    #[arg(long, value_name = "ID")]
+    pub node_id: String,
+
+    /// Serve the Controller service (the controller Deployment's pod).
+    /// Without --controller and --node: both.
+    #[arg(long)]
+    pub controller: bool,
+
+    /// Serve the Node service (the node DaemonSet's pods). Without
+    /// --controller and --node: both.
+    #[arg(long)]
+    pub node: bool,
+
+    /// The filesystem made on a mount volume whose capability (the
+    /// PersistentVolume's fsType) names none.
+    #[arg(long, default_value = "ext4", value_parser = ["ext4", "xfs"], value_name = "FS")]
+    pub default_fs_type: String,
+
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 #[derive(Debug, Subcommand)]

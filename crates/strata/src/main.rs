@@ -2,6 +2,7 @@
 
 mod cli;
 mod control;
+mod csi_cmd;
 mod fsck_cmd;
 mod metrics;
 mod nbd_volume;
@@ -40,7 +41,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    init_logging(cli.log_format, matches!(cli.command, Command::Serve(_)));
+    init_logging(
+        cli.log_format,
+        matches!(cli.command, Command::Serve(_) | Command::Csi(_)),
+    );
     // Before the runtime's threads start: this clears LISTEN_* variables.
     let inherited = match &cli.command {
         Command::Serve(_) => socket_activation::take_inherited_listeners(),
@@ -243,13 +247,22 @@ async fn open_store(cli: &Cli, spec: Option<&str>) -> anyhow::Result<Store> {
     }
 }
 
+/// The directory of the store when it is a local one (`None` for S3).
+fn local_store_dir(cli: &Cli) -> anyhow::Result<Option<PathBuf>> {
+    let spec = match &cli.store {
+        Some(s) => s.clone(),
+        None => data_dir(cli)?.join("store").to_string_lossy().into_owned(),
+    };
+    Ok(Store::local_dir(&spec).map(PathBuf::from))
+}
+
 /// A local store given by the user that does not exist is a typo more
 /// often than a wish for a new one: only the commands that put a first
 /// volume in a store (or check it) create its directory; the others say
 /// it is missing instead of answering for an empty store made on the spot.
 fn refuse_missing_directory(spec: &str, command: &Command) -> anyhow::Result<()> {
     let creates = match command {
-        Command::Serve(_) | Command::Store(_) => true,
+        Command::Serve(_) | Command::Csi(_) | Command::Store(_) => true,
         Command::Volume(v) => matches!(
             v,
             VolumeCommand::Create { .. } | VolumeCommand::Import { .. }
@@ -389,7 +402,13 @@ async fn run(
         Command::Snapshot(cmd) => snapshot_cmd::run(&engine(&cli, None).await?, cmd).await?,
         Command::Serve(args) => {
             let inherited = inherited?;
-            serve::serve(engine(&cli, Some(args)).await?, args, inherited).await?
+            let engine = std::sync::Arc::new(engine(&cli, Some(args)).await?);
+            serve::serve(engine, args, inherited, serve::OpenAtStart::All).await?
+        }
+        Command::Csi(args) => {
+            let engine = engine(&cli, Some(&args.serve)).await?;
+            let local_store = local_store_dir(&cli)?;
+            csi_cmd::run(engine, args, local_store).await?
         }
         Command::Key(cmd) => key_command(&cli, cmd)?,
         Command::Fsck(args) => return fsck_cmd::run(&engine(&cli, None).await?, args).await,

@@ -19,11 +19,11 @@ use crate::size::{parse_size, size_option};
 /// The control socket is taken first: a second server on the same data
 /// directory stops before it opens, lists or prints anything.
 pub async fn serve(
-    engine: Engine,
+    engine: Arc<Engine>,
     args: &ServeArgs,
     inherited: Vec<InheritedListener>,
+    open: OpenAtStart,
 ) -> anyhow::Result<()> {
-    let engine = Arc::new(engine);
     for spec in &args.create {
         create_if_missing(&engine, spec).await?;
     }
@@ -32,20 +32,33 @@ pub async fn serve(
     // it for a volume through the store even while it serves none.
     engine.set_serving();
     let requests_task = tokio::spawn(engine.clone().answer_store_requests());
-    let result = serve_volumes(&engine, args, inherited).await;
+    let result = serve_volumes(&engine, args, inherited, open).await;
     requests_task.abort();
     control_task.abort();
     let _ = std::fs::remove_file(crate::control::socket_path(&engine.config().data_dir));
     result
 }
 
+/// Which volumes open before clients ask for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenAtStart {
+    /// The `--volume`s, or every volume of the store when none is named
+    /// (`strata serve`).
+    All,
+    /// None: each opens when a client connects to it (`strata csi`: a
+    /// node opens what is staged on it, and a store shared by many nodes
+    /// is not opened whole by each).
+    OnDemand,
+}
+
 /// Opens the `--volume`s (an error stops here), listens, opens every
-/// volume when none was named, prints what is served and `ready`, and
-/// serves until a signal.
+/// volume when none was named (unless `open` is `OnDemand`), prints what
+/// is served and `ready`, and serves until a signal.
 async fn serve_volumes(
     engine: &Arc<Engine>,
     args: &ServeArgs,
     inherited: Vec<InheritedListener>,
+    open: OpenAtStart,
 ) -> anyhow::Result<()> {
     let (vhost_inherited, inherited) = crate::vhost_serve::take_inherited(&args.vhost, inherited);
     let addrs = listen_addrs(engine, args, !inherited.is_empty())?;
@@ -73,9 +86,10 @@ async fn serve_volumes(
     if let Some(tls) = tls {
         server = server.with_tls(tls);
     }
-    let served = match &only {
-        Some(_) => OpenOutcome::all(args.volumes.clone()),
-        None => open_all(engine, engine.list_volumes().await?).await,
+    let served = match (&only, open) {
+        (Some(_), _) => OpenOutcome::all(args.volumes.clone()),
+        (None, OpenAtStart::OnDemand) => OpenOutcome::all(Vec::new()),
+        (None, OpenAtStart::All) => open_all(engine, engine.list_volumes().await?).await,
     };
     let vhost =
         crate::vhost_serve::start(exports, &args.vhost, &served.served, vhost_inherited).await?;
@@ -382,7 +396,7 @@ fn print_uris(outcome: &OpenOutcome, addrs: &[ListenAddr], tls: bool) -> anyhow:
 
 /// Installs the SIGTERM / SIGINT handlers now (before `ready` is printed:
 /// a stop right after it must be a clean one) and resolves on either.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());

@@ -26,7 +26,7 @@ const UNREACHABLE: &str = "check that the store is reachable and that strata may
 /// segments), and so needs a store that enforces conditional writes.
 pub fn writes_volumes(command: &Command) -> bool {
     match command {
-        Command::Serve(_) => true,
+        Command::Serve(_) | Command::Csi(_) => true,
         Command::Volume(v) => !matches!(
             v,
             VolumeCommand::List { .. }

@@ -13,6 +13,7 @@ mod clones;
 mod common;
 mod copy;
 mod crash;
+mod csi;
 mod diffs;
 mod disk_cache;
 mod filesystem;

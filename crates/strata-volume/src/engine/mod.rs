@@ -502,6 +502,22 @@ impl Engine {
         Ok(out)
     }
 
+    /// Closes volume `name` if this engine has it open (`Volume::close`:
+    /// every write in the store, the lease released), so another host may
+    /// open it at once, and so may this one (unlike `hand_over`, no
+    /// hold-off). False if it was not open. The caller makes sure no
+    /// client of its own still uses it (a CSI node unstaging it).
+    pub async fn close_volume(&self, name: &str) -> Result<bool, VolumeError> {
+        validate_volume_name(name).map_err(VolumeError::Invalid)?;
+        let Some(vol) = self.served_or_opening(name).await else {
+            return Ok(false);
+        };
+        let closed = vol.close().await;
+        self.open.lock().remove(name);
+        self.stop_host_if_unused().await;
+        closed.map(|()| true)
+    }
+
     /// Deletes a volume and everything it stored; refused while it is open
     /// in this process.
     pub async fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {

@@ -594,6 +594,9 @@ pub struct Server {
     held_extra: Vec<Arc<std::os::unix::net::UnixListener>>,
     /// Reads the running server's stderr into `stderr`; done at its EOF.
     stderr_collector: Option<thread::JoinHandle<()>>,
+    /// The command and its arguments after strata's global options:
+    /// `serve` unless [`Server::start_csi`] made it `csi ...`.
+    subcommand: Vec<String>,
 }
 
 impl Server {
@@ -660,7 +663,21 @@ impl Server {
             held_socket: None,
             held_extra: Vec::new(),
             stderr_collector: None,
+            subcommand: vec!["serve".to_string()],
         }
+    }
+
+    /// Starts `strata csi CSI_ARGS...` (the NBD server of `strata serve`
+    /// with the CSI endpoint beside it) in `dir` as [`Server::start`]
+    /// starts `strata serve`, and waits until it is ready.
+    pub fn start_csi(dir: &Path, target: Target, csi_args: &[&str]) -> Server {
+        let mut s = Server::new(dir, target, &[]);
+        s.subcommand = std::iter::once("csi")
+            .chain(csi_args.iter().copied())
+            .map(str::to_string)
+            .collect();
+        s.launch();
+        s
     }
 
     /// From the next start on, the server gets its listening socket the
@@ -834,7 +851,7 @@ impl Server {
                     .arg(self.store_arg())
                     .arg("--data-dir")
                     .arg(self.data_dir())
-                    .arg("serve");
+                    .args(&self.subcommand);
                 if self.held_socket.is_none() {
                     c.arg("--listen")
                         .arg(format!("unix:{}", self.socket.display()));

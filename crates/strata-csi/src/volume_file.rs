@@ -1,0 +1,369 @@
+//! A volume as one file on a FUSE mount of this process: what a loop
+//! device turns into the block device a pod gets, on a node whose kernel
+//! has no NBD client (`attach.rs`).
+//!
+//! Owns [`VolumeFile`]: the mount (a directory with one file, `disk`, the
+//! volume's size), the fuser session serving it, and its unmount. Reads,
+//! writes, `fsync` and `fallocate` (the loop device's discards) go straight
+//! to the engine's `Volume`, no NBD hop between. The file's size is read
+//! from the volume on every `getattr`, so after a resize `losetup -c` finds
+//! the new size (nbdfuse could not: an NBD client learns the size once).
+//! Opened with `FOPEN_DIRECT_IO`: the page cache never holds the file, so a
+//! read after a write elsewhere never sees stale bytes, and the loop device
+//! may use direct I/O.
+
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyWrite, Request, Session, WriteFlags,
+};
+use strata_volume::{Volume, VolumeError};
+use tokio::runtime::Handle;
+
+/// The file's name in the mount.
+pub const FILE_NAME: &str = "disk";
+const ROOT_INO: u64 = 1;
+const FILE_INO: u64 = 2;
+/// Attributes may be cached this long; the size is asked again after it
+/// (a resize shows within a second).
+const TTL: Duration = Duration::from_secs(1);
+/// Threads reading FUSE requests: the loop device sends several at once.
+const SESSION_THREADS: usize = 4;
+/// How long an unmount waits for the session's threads to end.
+const SESSION_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+const BLOCK_BYTES: u32 = 4096;
+
+/// A mounted volume file. Unmount with [`VolumeFile::unmount`]; dropped
+/// mounted, it is detached lazily.
+#[derive(Debug)]
+pub struct VolumeFile {
+    mountpoint: PathBuf,
+    session: Option<JoinHandle<io::Result<()>>>,
+}
+
+struct VolumeFs {
+    volume: Arc<Volume>,
+    runtime: Handle,
+    read_only: bool,
+    mounted_at: SystemTime,
+}
+
+/// Mounts `volume` as `mountpoint/disk` (an empty directory), served by
+/// threads that call into `runtime`.
+pub fn mount(
+    volume: Arc<Volume>,
+    runtime: Handle,
+    mountpoint: &Path,
+    read_only: bool,
+) -> io::Result<VolumeFile> {
+    let fs = VolumeFs {
+        volume,
+        runtime,
+        read_only,
+        mounted_at: SystemTime::now(),
+    };
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("strata".into()),
+        MountOption::Subtype("strata".into()),
+        MountOption::DefaultPermissions,
+        if read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    config.n_threads = Some(SESSION_THREADS);
+    config.clone_fd = true;
+    let session = Session::new(fs, mountpoint, &config)?;
+    let thread = std::thread::Builder::new()
+        .name("strata-volume-file".into())
+        .spawn(move || session.run())?;
+    Ok(VolumeFile {
+        mountpoint: mountpoint.to_path_buf(),
+        session: Some(thread),
+    })
+}
+
+impl VolumeFile {
+    /// The file the loop device is set up on.
+    pub fn path(&self) -> PathBuf {
+        self.mountpoint.join(FILE_NAME)
+    }
+
+    /// Unmounts and waits for the session to end. Fails while the file is
+    /// open (the loop device still set up on it); it stays mounted then.
+    pub fn unmount(&mut self) -> io::Result<()> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        if let Err(e) = umount(&self.mountpoint, false) {
+            self.session = Some(session);
+            return Err(e);
+        }
+        let deadline = Instant::now() + SESSION_EXIT_TIMEOUT;
+        while !session.is_finished() {
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "{} is unmounted, but its FUSE session did not end",
+                        self.mountpoint.display()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match session.join() {
+            Ok(Err(e)) if e.raw_os_error() != Some(libc::ECONNABORTED) => Err(e),
+            Ok(_) => Ok(()),
+            Err(_) => Err(io::Error::other("the FUSE session thread panicked")),
+        }
+    }
+}
+
+impl Drop for VolumeFile {
+    fn drop(&mut self) {
+        if self.session.is_some() {
+            let _ = umount(&self.mountpoint, true);
+        }
+    }
+}
+
+fn umount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    Err(io::Error::new(
+        e.kind(),
+        format!("unmount {}: {e}", mountpoint.display()),
+    ))
+}
+
+impl VolumeFs {
+    fn attr(&self, ino: u64) -> Option<FileAttr> {
+        let (kind, perm, size, nlink) = match ino {
+            ROOT_INO => (FileType::Directory, 0o755, 0, 2),
+            FILE_INO => (
+                FileType::RegularFile,
+                if self.read_only { 0o400 } else { 0o600 },
+                self.volume.size_bytes(),
+                1,
+            ),
+            _ => return None,
+        };
+        Some(FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: self.mounted_at,
+            mtime: self.mounted_at,
+            ctime: self.mounted_at,
+            crtime: self.mounted_at,
+            kind,
+            perm,
+            nlink,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: BLOCK_BYTES,
+            flags: 0,
+        })
+    }
+
+    /// Runs an engine call; its error is logged (the kernel hears EIO).
+    fn call<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, VolumeError>>,
+    ) -> Result<T, Errno> {
+        self.runtime.block_on(fut).map_err(|e| {
+            tracing::warn!(volume = %self.volume.name(), error = %strata_store::ErrorText(&e), "{what} through the volume file failed");
+            match e {
+                VolumeError::OutOfRange { .. } => Errno::EINVAL,
+                _ => Errno::EIO,
+            }
+        })
+    }
+
+    /// `len` bytes at `offset` clamped to the volume's end.
+    fn clamp(&self, offset: u64, len: u64) -> u64 {
+        self.volume.size_bytes().saturating_sub(offset).min(len)
+    }
+}
+
+impl Filesystem for VolumeFs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match (parent.0, name.to_str()) {
+            (ROOT_INO, Some(FILE_NAME)) => match self.attr(FILE_INO) {
+                Some(a) => reply.entry(&TTL, &a, Generation(0)),
+                None => reply.error(Errno::ENOENT),
+            },
+            _ => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(ino.0) {
+            Some(a) => reply.attr(&TTL, &a),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match ino.0 {
+            FILE_INO => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            _ => reply.error(Errno::EISDIR),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let len = self.clamp(offset, u64::from(size));
+        let mut buf = vec![0u8; len as usize];
+        if len > 0 {
+            if let Err(e) = self.call("a read", self.volume.read(offset, &mut buf)) {
+                return reply.error(e);
+            }
+        }
+        reply.data(&buf);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if self.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        if self.clamp(offset, data.len() as u64) < data.len() as u64 {
+            // The volume does not grow by writes past its end.
+            return reply.error(Errno::ENOSPC);
+        }
+        match self.call("a write", self.volume.write(offset, data, false)) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.call("an fsync", self.volume.flush()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        if self.read_only {
+            return reply.error(Errno::EROFS);
+        }
+        let len = self.clamp(offset, length);
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let result = if mode == punch {
+            // The loop device's discard: the range reads as zeros and
+            // costs no storage.
+            self.call("a discard", self.volume.trim(offset, len, false))
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            self.call(
+                "a zeroing",
+                self.volume.write_zeroes(offset, len, true, false),
+            )
+        } else if mode == 0 && len == length {
+            // Allocating what exists: nothing to do.
+            Ok(())
+        } else {
+            Err(Errno::EOPNOTSUPP)
+        };
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match ino.0 {
+            ROOT_INO => reply.opened(FileHandle(0), FopenFlags::empty()),
+            _ => reply.error(Errno::ENOTDIR),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if ino.0 != ROOT_INO {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let entries = [
+            (ROOT_INO, FileType::Directory, "."),
+            (ROOT_INO, FileType::Directory, ".."),
+            (FILE_INO, FileType::RegularFile, FILE_NAME),
+        ];
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
