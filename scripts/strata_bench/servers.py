@@ -78,6 +78,9 @@ class StrataServer(Server):
     def __init__(self, ctx, size, tag):
         super().__init__(ctx, size, tag)
         self.prefix = "bench-%s-%d-%s" % (time.strftime("%Y%m%d-%H%M%S"), os.getpid(), tag)
+        # A cold workload's clones are served from their image's prefix
+        # (srv.prefix = importer.prefix): only the prefix's owner deletes it.
+        self.own_prefix = self.prefix
         self.out = None
         self.data_n = 0
 
@@ -294,7 +297,7 @@ class StrataS3(StrataServer):
         --keep or not: a full run's MinIO rows otherwise keep every row's
         volume, 40 GB of a 1 GiB run, which filled the disk of the 2-core
         VM halfway through one (2026-11-29)."""
-        if getattr(self, "_released", False):
+        if getattr(self, "_released", False) or self.prefix != self.own_prefix:
             return
         store = getattr(self.ctx, self.store_attr, None)
         if store is None or store.proc is None or store.proc.poll() is not None:
