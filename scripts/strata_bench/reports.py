@@ -190,8 +190,11 @@ def chart(rows, workloads, path):
     except ImportError:
         return "matplotlib not installed (apt-get install python3-matplotlib): no chart"
     wls = [w for w in workloads if w not in SPECIAL]
-    servers = [s.name for s in SERVERS if any(r["server"] == s.name and r.get("ratio") for r in rows)]
-    servers += sorted({r["server"] for r in rows if r.get("ratio")} - set(servers))
+    # The servers with a ratio in a charted workload (the special
+    # workloads' rows have ratios of their own kinds, not charted).
+    charted = [r for r in rows if r.get("ratio") and r["workload"] in wls]
+    servers = [s.name for s in SERVERS if any(r["server"] == s.name for r in charted)]
+    servers += sorted({r["server"] for r in charted} - set(servers))
     if not servers or not wls:
         return "no ratios: no chart"
     fig, ax = plt.subplots(figsize=(max(8, 1.8 * len(wls)), 4.5))
@@ -208,7 +211,8 @@ def chart(rows, workloads, path):
     ax.set_xticklabels(wls)
     ax.set_ylabel("IOPS ratio to nbdkit memory")
     ax.set_title("strata bench: throughput relative to nbdkit memory (higher is better)")
-    ax.legend(fontsize=8, ncol=2)
+    # Beside the bars, not over them.
+    ax.legend(fontsize=8, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
