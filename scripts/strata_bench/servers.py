@@ -2,9 +2,11 @@
 workloads (start, fio_target, pid, stop; see Server): strata serve on the
 embedded store and its compressed, encrypted, /metrics, TCP and TLS
 variants, strata on the run's MinIO and SeaweedFS (at ~0 and 20 ms),
-nbdkit memory and file, qemu-nbd, s3backer (SERVERS, in --servers' and the
-chart's order); and guestio's (GUEST_SERVERS): qemu-storage-daemon and
-strata serve as a QEMU guest's disk, over vhost-user-blk and NBD."""
+strata-embedded as a loop device of this host (on its own FUSE file, and
+on nbdfuse's), nbdkit memory and file, qemu-nbd, s3backer (SERVERS, in
+--servers' and the chart's order); and guestio's (GUEST_SERVERS):
+qemu-storage-daemon and strata serve as a QEMU guest's disk, over
+vhost-user-blk and NBD."""
 
 import os
 import shutil
@@ -370,6 +372,100 @@ class StrataSeaweedfs20ms(StrataSeaweedfs):
     in_quick = False  # the proxy's path is strata-minio-20ms's
 
 
+class LoopTarget:
+    """fio on a loop device (libaio, O_DIRECT) instead of over NBD: a
+    volume as the block device of a host without the kernel's nbd module
+    (what the CSI node gives a pod). Needs root, /dev/fuse and a free loop
+    device; a host without them gives a failed row that does not fail
+    the run."""
+    required = False
+    default_workloads = ("randrw", "randread", "seqwrite", "seqread")
+    device = None
+
+    def fio_target(self):
+        return {"ioengine": "libaio", "direct": "1", "filename": self.device}
+
+    def check_host(self):
+        if not os.path.exists("/dev/fuse"):
+            raise BenchError("no /dev/fuse: no loop device on a FUSE file here")
+        if not shutil.which("losetup"):
+            raise BenchError("losetup not installed (apt-get install mount)")
+
+
+class StrataEmbeddedLoop(LoopTarget, StrataEmbedded):
+    """strata-embedded with `serve --loop-dir`: the volume as a file of
+    strata's own FUSE mount on a loop device (as the CSI node attaches
+    it), read and written by fio as /dev/loopN."""
+    name = "strata-embedded-loop"
+
+    def start(self, create=True, extra=(), keep_data=False):
+        self.check_host()
+        loop_dir = os.path.join(self.dir, "loop")
+        super().start(create=create, extra=list(extra) + ["--loop-dir", loop_dir], keep_data=keep_data)
+        with open(self.out) as f:
+            lines = [ln.split() for ln in f.read().splitlines()]
+        devices = [ln[2] for ln in lines if len(ln) == 3 and ln[0] == "loop" and ln[1] == self.volume]
+        if not devices:
+            raise BenchError("%s printed no `loop %s /dev/loopN` line: %s" % (self.name, self.volume, tail(self.log)))
+        self.device = devices[0]
+
+    def note(self):
+        return "fio libaio O_DIRECT on /dev/loopN: strata's FUSE file (serve --loop-dir)"
+
+    def stop(self):
+        try:
+            return super().stop()
+        finally:
+            # strata detaches at a clean stop; after a crash its mount is
+            # dead: let go of it (the loop device is freed with it).
+            mnt = os.path.join(self.dir, "loop", self.volume)
+            if os.path.ismount(mnt):
+                if self.device:
+                    subprocess.run(["losetup", "-d", self.device], capture_output=True)
+                subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
+class StrataEmbeddedNbdfuse(LoopTarget, StrataEmbedded):
+    """strata-embedded's NBD export through nbdfuse (libnbd's FUSE file)
+    on a loop device: the other way to a device node without the kernel's
+    NBD client. nbdfuse's own CPU is not in the row's CPU s."""
+    name = "strata-embedded-nbdfuse"
+    fuse = None
+
+    def start(self, create=True, extra=(), keep_data=False):
+        self.check_host()
+        if not shutil.which("nbdfuse"):
+            raise BenchError("nbdfuse not installed (apt-get install nbdfuse)")
+        super().start(create=create, extra=extra, keep_data=keep_data)
+        self.mount = os.path.join(self.dir, "nbdfuse")
+        os.makedirs(self.mount, exist_ok=True)
+        disk = os.path.join(self.mount, "disk")
+        self.fuse = spawn(["nbdfuse", disk, "nbd+unix:///%s?socket=%s" % (self.volume, self.sock)],
+                          os.path.join(self.dir, "nbdfuse.log"))
+        wait_for(lambda: os.path.ismount(self.mount) and os.path.exists(disk), self.fuse, "nbdfuse",
+                 os.path.join(self.dir, "nbdfuse.log"))
+        r = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", disk], capture_output=True, text=True)
+        if r.returncode != 0 or not r.stdout.strip().startswith("/dev/loop"):
+            raise BenchError("losetup on nbdfuse's file failed: %s" % (r.stderr.strip() or r.stdout.strip()))
+        self.device = r.stdout.strip()
+
+    def note(self):
+        return "fio libaio O_DIRECT on /dev/loopN: nbdfuse over the NBD export"
+
+    def stop(self):
+        if self.device:
+            subprocess.run(["losetup", "-d", self.device], capture_output=True)
+            self.device = None
+        if self.fuse is not None:
+            for _ in range(50):
+                if subprocess.run(["fusermount3", "-u", self.mount], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.1)
+            stop_process(self.fuse)
+            self.fuse = None
+        return super().stop()
+
+
 class NbdkitMemory(Server):
     name = "nbdkit-memory"
 
@@ -552,7 +648,8 @@ class S3backer(Server):
 
 SERVERS = [StrataEmbedded, StrataEmbeddedMetrics, StrataMinio, StrataMinio20ms, StrataSeaweedfs, StrataSeaweedfs20ms,
            StrataEmbeddedLz4, StrataEmbeddedZstd, StrataEmbeddedEnc,
-           StrataEmbeddedEncLz4, StrataEmbeddedTcp, StrataEmbeddedTls, NbdkitMemory, NbdkitFile, DiskFsync, QemuNbdWriteback, QemuNbdNone, S3backer]
+           StrataEmbeddedEncLz4, StrataEmbeddedTcp, StrataEmbeddedTls, StrataEmbeddedLoop, StrataEmbeddedNbdfuse,
+           NbdkitMemory, NbdkitFile, DiskFsync, QemuNbdWriteback, QemuNbdNone, S3backer]
 
 
 # The guest disk's virtio queues (guestio's servers).

@@ -6,12 +6,15 @@
 //! module (managed Kubernetes images, this project's CI machine), and an
 //! NBD client learns the size once, so an online expansion would need a
 //! reconnect. The loop device re-reads its file's size (`losetup -c`).
-//! The cost, measured in docs/benchmarks.md: a FUSE round trip per request
-//! of at most 128 KiB (the loop device splits larger ones).
+//! The cost (README, *Kubernetes*; docs/benchmarks.md): a FUSE round trip
+//! per request, about half the NBD export's IOPS on random 4 KiB, and
+//! faster than it on sequential 1 MiB.
 //!
-//! A device lives as long as this process: a restarted node plugin finds
-//! the loop devices of its old mounts dead and sets them up again at the
-//! next stage (kubelet stages again after a plugin restart).
+//! A device lives as long as this process: a loop device cannot be moved
+//! to a new file, so after a node plugin restart the old devices are dead
+//! (I/O errors in the pods that still have them). [`loop_devices_of`]
+//! finds them, and the node service lets go of them when kubelet stages,
+//! publishes or unstages the volume again (`node.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -73,6 +76,35 @@ pub async fn attach(
         return Err(format!("losetup printed {printed:?}, not a loop device"));
     }
     Ok(attached)
+}
+
+/// The loop devices set up on `mount_dir`'s volume file (by this process
+/// or, after a restart, by a previous one), from sysfs.
+pub fn loop_devices_of(mount_dir: &Path) -> Vec<PathBuf> {
+    let file = mount_dir.join(volume_file::FILE_NAME);
+    let want = file.to_string_lossy();
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut devices: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("loop/backing_file"))
+                .is_ok_and(|b| b.trim_end_matches('\n') == want)
+        })
+        .map(|e| Path::new("/dev").join(e.file_name()))
+        .collect();
+    devices.sort();
+    devices
+}
+
+/// Detaches a loop device; one still open is detached by the kernel at
+/// its last close (`losetup -d` sets autoclear).
+pub async fn detach_device(device: &Path) -> Result<(), String> {
+    run("losetup", &["-d", &device.to_string_lossy()])
+        .await
+        .map(|_| ())
 }
 
 impl Attached {

@@ -22,6 +22,12 @@ use crate::proto::*;
 use crate::snapshot_names;
 use crate::status::{from_volume_error, invalid, require};
 
+/// How long a snapshot or an expansion of a volume held by another node
+/// waits for that node to make it (it looks at its requests at each
+/// renewal, every 10 s by default); after it, ABORTED, and the sidecar's
+/// retry finds it made.
+const HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(25);
+
 /// Entries a list call returns at most when the caller sets no maximum.
 const MAX_LIST_ENTRIES: usize = 1000;
 /// The topology key of a local store's volumes: the host they live on.
@@ -194,9 +200,8 @@ impl ControllerService {
 
     async fn grow(&self, volume: &str, size_bytes: u64) -> Result<(), Status> {
         self.engine
-            .resize_volume(volume, size_bytes, false)
+            .grow_volume_anywhere(volume, size_bytes, HOLDER_WAIT)
             .await
-            .map(|_| ())
             .map_err(|e| {
                 from_volume_error(&format!("grow volume {volume:?} to {size_bytes} bytes"), &e)
             })
@@ -215,9 +220,13 @@ impl ControllerService {
         let snap = self.snapshot_record(pv, ps).await?;
         let snap = match (snap, from_volume) {
             (Some(s), _) => s,
-            (None, true) => self.engine.create_snapshot(pv, ps).await.map_err(|e| {
-                from_volume_error(&format!("snapshot volume {pv:?} to clone it"), &e)
-            })?,
+            (None, true) => self
+                .engine
+                .create_snapshot_anywhere(pv, ps, HOLDER_WAIT)
+                .await
+                .map_err(|e| {
+                    from_volume_error(&format!("snapshot volume {pv:?} to clone it"), &e)
+                })?,
             (None, false) => {
                 return Err(Status::not_found(format!(
                     "snapshot {:?} does not exist",
@@ -590,16 +599,40 @@ impl Controller for ControllerService {
         }
         let name = strata_name("snapshot", &req.name);
         let _turn = self.turn(&snapshot_id(volume, &name))?;
+        // The volume's turn too: a snapshot waits out (ABORTED, retried by
+        // the snapshotter) a delete or an expansion of its volume.
+        let _volume_turn = self.turn(volume)?;
         // Before the claim: a snapshot of nothing claims no name.
         let existing = self.snapshot_record(volume, &name).await?;
         snapshot_names::claim(self.engine.store(), &name, volume).await?;
         let record = match existing {
             Some(s) => s,
-            None => self
+            None => match self
                 .engine
-                .create_snapshot(volume, &name)
+                .create_snapshot_anywhere(volume, &name, HOLDER_WAIT)
                 .await
-                .map_err(|e| from_volume_error(&format!("snapshot volume {volume:?}"), &e))?,
+            {
+                Ok(record) => record,
+                // Asked of the volume's holder and not made yet: the
+                // claim stays for the retry that finds it made.
+                Err(e @ VolumeError::NotDone { .. }) => {
+                    return Err(from_volume_error(
+                        &format!("snapshot volume {volume:?}"),
+                        &e,
+                    ))
+                }
+                Err(e) => {
+                    // Nothing half made: the name goes back.
+                    if let Err(release) = snapshot_names::release(self.engine.store(), &name).await
+                    {
+                        tracing::warn!(snapshot = %name, error = %release.message(), "the failed snapshot's name is still claimed: DeleteSnapshot frees it");
+                    }
+                    return Err(from_volume_error(
+                        &format!("snapshot volume {volume:?}"),
+                        &e,
+                    ));
+                }
+            },
         };
         tracing::info!(snapshot = %snapshot_id(volume, &name), csi_name = %req.name, "CSI snapshot created");
         Ok(Response::new(CreateSnapshotResponse {

@@ -31,6 +31,7 @@ mod snapshot_names;
 mod status;
 mod volume_file;
 
+pub use attach::{attach, Attached};
 pub use driver_config::{DriverConfig, QosParser};
 pub use endpoint::Endpoint;
 pub use ids::DRIVER_NAME;

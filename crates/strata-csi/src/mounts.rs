@@ -38,12 +38,49 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+fn mountinfo() -> Result<String, String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))
+}
+
 /// Whether something is mounted at `path`.
 pub fn is_mount_point(path: &Path) -> Result<bool, String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
     let want = path.to_string_lossy();
-    Ok(mount_points(&info).iter().any(|m| *m == want))
+    Ok(mount_points(&mountinfo()?).iter().any(|m| *m == want))
+}
+
+/// The source (device) of the last mount at `path`, if any.
+pub fn mount_source(path: &Path) -> Result<Option<String>, String> {
+    let want = path.to_string_lossy();
+    Ok(mount_sources(&mountinfo()?)
+        .into_iter()
+        .rev()
+        .find(|(point, _)| *point == want)
+        .map(|(_, source)| source))
+}
+
+/// (mount point, source) of each line: the source is the second field
+/// after the ` - ` separator.
+fn mount_sources(mountinfo: &str) -> Vec<(String, String)> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let point = l.split(' ').nth(4)?;
+            let (_, tail) = l.split_once(" - ")?;
+            let source = tail.split(' ').nth(1)?;
+            Some((unescape(point), unescape(source)))
+        })
+        .collect()
+}
+
+/// Detaches whatever is mounted at `target` now and lets go of it when
+/// it is no longer busy (`umount -l`): for mounts whose device died with
+/// a previous node plugin.
+pub async fn unmount_lazily(target: &Path) -> Result<(), String> {
+    if is_mount_point(target)? {
+        run("umount", &["-l", &target.to_string_lossy()]).await?;
+    }
+    Ok(())
 }
 
 /// The filesystem type on `device` (`None`: none found).
@@ -156,6 +193,13 @@ mod tests {
             vec!["/mnt/a b".to_string(), "/dev".to_string()]
         );
         assert_eq!(unescape("a\\134b"), "a\\b");
+        assert_eq!(
+            mount_sources(info),
+            vec![
+                ("/mnt/a b".to_string(), "/dev/loop0".to_string()),
+                ("/dev".to_string(), "udev".to_string())
+            ]
+        );
         assert_eq!(unescape("trailing\\04"), "trailing\\04");
     }
 

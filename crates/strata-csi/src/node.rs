@@ -69,6 +69,18 @@ impl NodeService {
             .clone()
     }
 
+    /// Drops the volume's slot once unstaged, unless another call waits
+    /// on it (the map would otherwise keep one entry per volume ever seen).
+    fn forget_slot(&self, volume: &str) {
+        let mut map = self.staged.lock();
+        let unused = map
+            .get(volume)
+            .is_some_and(|s| Arc::strong_count(s) == 1 && s.try_lock().is_ok_and(|g| g.is_none()));
+        if unused {
+            map.remove(volume);
+        }
+    }
+
     fn check_volume_id(id: &str) -> Result<(), Status> {
         require("volume_id", id)?;
         if !ids::is_volume_id(id) {
@@ -121,6 +133,47 @@ impl NodeService {
                 .as_ref()
                 .is_some_and(|m| m.mode == Mode::SingleNodeSingleWriter as i32),
         })
+    }
+
+    /// Lets go of what a previous run of this node plugin left of volume
+    /// `id` (it was restarted or killed with the volume staged): the
+    /// filesystem mounted at `staging` from the volume's loop device, the
+    /// loop devices, the volume file's dead FUSE mount. Their I/O died
+    /// with that process, so nothing of them is reused; pods that still
+    /// have them get I/O errors until they restart. Whether any was found.
+    async fn clear_leftovers(&self, id: &str, staging: Option<&Path>) -> Result<bool, Status> {
+        let files = self.files_dir.join(id);
+        let devices = attach::loop_devices_of(&files);
+        let fuse_mounted =
+            mounts::is_mount_point(&files).map_err(|e| internal("read the mounts", e))?;
+        if devices.is_empty() && !fuse_mounted {
+            return Ok(false);
+        }
+        tracing::warn!(volume = %id, devices = ?devices, "a previous node plugin left this volume attached: its devices are dead; detaching them");
+        if let Some(staging) = staging {
+            let source =
+                mounts::mount_source(staging).map_err(|e| internal("read the mounts", e))?;
+            if source.is_some_and(|src| devices.iter().any(|d| d.as_os_str() == src.as_str())) {
+                mounts::unmount_lazily(staging).await.map_err(|e| {
+                    internal(
+                        &format!("unmount the dead filesystem at {}", staging.display()),
+                        e,
+                    )
+                })?;
+            }
+        }
+        for device in &devices {
+            attach::detach_device(device)
+                .await
+                .map_err(|e| internal(&format!("detach the dead {}", device.display()), e))?;
+        }
+        mounts::unmount_lazily(&files).await.map_err(|e| {
+            internal(
+                &format!("unmount the dead volume file at {}", files.display()),
+                e,
+            )
+        })?;
+        Ok(true)
     }
 
     async fn mount_fs(
@@ -218,6 +271,7 @@ impl Node for NodeService {
                 s.staging_path.display()
             )));
         }
+        self.clear_leftovers(&req.volume_id, Some(&staging)).await?;
         let staged = self.stage(&req.volume_id, &staging, cap).await?;
         tracing::info!(volume = %req.volume_id, device = %staged.attached.device.display(), staging = %staging.display(), fs = ?staged.fs_type, "CSI volume staged");
         *slot = Some(staged);
@@ -234,9 +288,14 @@ impl Node for NodeService {
         if !ids::is_volume_id(&req.volume_id) {
             return Ok(Response::new(NodeUnstageVolumeResponse {}));
         }
-        let slot = self.slot(&req.volume_id);
-        let mut slot = slot.lock().await;
+        let entry = self.slot(&req.volume_id);
+        let mut slot = entry.lock().await;
         let Some(staged) = slot.take() else {
+            let staging = PathBuf::from(&req.staging_target_path);
+            self.clear_leftovers(&req.volume_id, Some(&staging)).await?;
+            drop(slot);
+            drop(entry);
+            self.forget_slot(&req.volume_id);
             return Ok(Response::new(NodeUnstageVolumeResponse {}));
         };
         if staged.fs_type.is_some() {
@@ -256,6 +315,9 @@ impl Node for NodeService {
             .await
             .map_err(|e| from_volume_error(&format!("close volume {:?}", req.volume_id), &e))?;
         tracing::info!(volume = %req.volume_id, "CSI volume unstaged");
+        drop(slot);
+        drop(entry);
+        self.forget_slot(&req.volume_id);
         Ok(Response::new(NodeUnstageVolumeResponse {}))
     }
 
@@ -279,11 +341,22 @@ impl Node for NodeService {
         let target = PathBuf::from(&req.target_path);
         let slot = self.slot(&req.volume_id);
         let mut slot = slot.lock().await;
+        if slot.is_none() {
+            // Staged by a previous run of this plugin (kubelet does not
+            // stage again): stage anew where it was.
+            let staging = PathBuf::from(&req.staging_target_path);
+            if !self.clear_leftovers(&req.volume_id, Some(&staging)).await? {
+                return Err(Status::failed_precondition(format!(
+                    "volume {:?} is not staged on node {}: NodeStageVolume first",
+                    req.volume_id, self.config.node_id
+                )));
+            }
+            let staged = self.stage(&req.volume_id, &staging, cap).await?;
+            tracing::info!(volume = %req.volume_id, staging = %staging.display(), "CSI volume staged again after a node plugin restart");
+            *slot = Some(staged);
+        }
         let Some(staged) = slot.as_mut() else {
-            return Err(Status::failed_precondition(format!(
-                "volume {:?} is not staged on node {}: NodeStageVolume first",
-                req.volume_id, self.config.node_id
-            )));
+            return Err(internal("publish", "the volume's stage vanished"));
         };
         if staged.targets.contains(&target) {
             return Ok(Response::new(NodePublishVolumeResponse {}));

@@ -1,11 +1,14 @@
 //! A volume as one file on a FUSE mount of this process: what a loop
-//! device turns into the block device a pod gets, on a node whose kernel
-//! has no NBD client (`attach.rs`).
+//! device turns into the block device a pod gets (`attach.rs`), and
+//! `strata serve --loop-dir` a host's.
 //!
 //! Owns [`VolumeFile`]: the mount (a directory with one file, `disk`, the
 //! volume's size), the fuser session serving it, and its unmount. Reads,
 //! writes, `fsync` and `fallocate` (the loop device's discards) go straight
-//! to the engine's `Volume`, no NBD hop between. The file's size is read
+//! to the engine's `Volume`, no NBD hop between, each from a task of the
+//! runtime (the session's threads only read requests), with the kernel's
+//! asynchronous direct I/O on: the loop device's queue reaches the engine
+//! side by side, up to `MAX_BACKGROUND` requests. The file's size is read
 //! from the volume on every `getattr`, so after a resize `losetup -c` finds
 //! the new size (nbdfuse could not: an NBD client learns the size once).
 //! Opened with `FOPEN_DIRECT_IO`: the page cache never holds the file, so a
@@ -21,8 +24,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyWrite, Request, Session, WriteFlags,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, Session, WriteFlags,
 };
 use strata_volume::{Volume, VolumeError};
 use tokio::runtime::Handle;
@@ -34,8 +37,14 @@ const FILE_INO: u64 = 2;
 /// Attributes may be cached this long; the size is asked again after it
 /// (a resize shows within a second).
 const TTL: Duration = Duration::from_secs(1);
-/// Threads reading FUSE requests: the loop device sends several at once.
+/// Threads reading FUSE requests. Each hands its request to the runtime
+/// and reads the next (`VolumeFs::spawn_reply`), so a few keep up with
+/// the loop device's queue.
 const SESSION_THREADS: usize = 4;
+/// Asynchronous requests (the loop device's direct I/O, with
+/// FUSE_ASYNC_DIO) the kernel keeps in flight at most: the bound on what
+/// one volume file holds in flight, each request at most 1 MiB.
+const MAX_BACKGROUND: u16 = 64;
 /// How long an unmount waits for the session's threads to end.
 const SESSION_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 const BLOCK_BYTES: u32 = 4096;
@@ -183,19 +192,28 @@ impl VolumeFs {
         })
     }
 
-    /// Runs an engine call; its error is logged (the kernel hears EIO).
-    fn call<T>(
-        &self,
-        what: &str,
-        fut: impl std::future::Future<Output = Result<T, VolumeError>>,
-    ) -> Result<T, Errno> {
-        self.runtime.block_on(fut).map_err(|e| {
-            tracing::warn!(volume = %self.volume.name(), error = %strata_store::ErrorText(&e), "{what} through the volume file failed");
-            match e {
-                VolumeError::OutOfRange { .. } => Errno::EINVAL,
-                _ => Errno::EIO,
-            }
-        })
+    /// Runs an engine call on the runtime and replies from there: the
+    /// session thread goes back for the kernel's next request at once, so
+    /// the loop device's requests reach the engine side by side (as many
+    /// as the kernel keeps in flight), not one per session thread. An
+    /// error is logged; the kernel hears EIO (EINVAL out of range).
+    fn spawn_reply<T, F, R>(&self, what: &'static str, fut: F, reply: R)
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, VolumeError>> + Send + 'static,
+        R: FnOnce(Result<T, Errno>) + Send + 'static,
+    {
+        let name = self.volume.name().to_string();
+        self.runtime.spawn(async move {
+            let result = fut.await.map_err(|e| {
+                tracing::warn!(volume = %name, error = %strata_store::ErrorText(&e), "{what} through the volume file failed");
+                match e {
+                    VolumeError::OutOfRange { .. } => Errno::EINVAL,
+                    _ => Errno::EIO,
+                }
+            });
+            reply(result);
+        });
     }
 
     /// `len` bytes at `offset` clamped to the volume's end.
@@ -205,6 +223,17 @@ impl VolumeFs {
 }
 
 impl Filesystem for VolumeFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // The loop device's direct I/O is asynchronous: with ASYNC_DIO the
+        // kernel keeps many of its requests in flight (up to the
+        // background limit) instead of one per loop worker.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO) {
+            tracing::info!(volume = %self.volume.name(), ?missing, "this kernel's FUSE has no asynchronous direct I/O: the volume file serves one request per loop worker");
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match (parent.0, name.to_str()) {
             (ROOT_INO, Some(FILE_NAME)) => match self.attr(FILE_INO) {
@@ -241,13 +270,18 @@ impl Filesystem for VolumeFs {
         reply: ReplyData,
     ) {
         let len = self.clamp(offset, u64::from(size));
-        let mut buf = vec![0u8; len as usize];
-        if len > 0 {
-            if let Err(e) = self.call("a read", self.volume.read(offset, &mut buf)) {
-                return reply.error(e);
+        let volume = self.volume.clone();
+        let read = async move {
+            let mut buf = vec![0u8; len as usize];
+            if len > 0 {
+                volume.read(offset, &mut buf).await?;
             }
-        }
-        reply.data(&buf);
+            Ok(buf)
+        };
+        self.spawn_reply("a read", read, move |r| match r {
+            Ok(buf) => reply.data(&buf),
+            Err(e) => reply.error(e),
+        });
     }
 
     fn write(
@@ -269,10 +303,15 @@ impl Filesystem for VolumeFs {
             // The volume does not grow by writes past its end.
             return reply.error(Errno::ENOSPC);
         }
-        match self.call("a write", self.volume.write(offset, data, false)) {
-            Ok(()) => reply.written(data.len() as u32),
+        // Copied: the session's buffer is its next request's.
+        let data = data.to_vec();
+        let written = data.len() as u32;
+        let volume = self.volume.clone();
+        let write = async move { volume.write(offset, &data, false).await };
+        self.spawn_reply("a write", write, move |r| match r {
+            Ok(()) => reply.written(written),
             Err(e) => reply.error(e),
-        }
+        });
     }
 
     fn flush(
@@ -294,10 +333,12 @@ impl Filesystem for VolumeFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.call("an fsync", self.volume.flush()) {
+        let volume = self.volume.clone();
+        let flush = async move { volume.flush().await };
+        self.spawn_reply("an fsync", flush, move |r| match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
-        }
+        });
     }
 
     fn fallocate(
@@ -315,24 +356,24 @@ impl Filesystem for VolumeFs {
         }
         let len = self.clamp(offset, length);
         let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let result = if mode == punch {
-            // The loop device's discard: the range reads as zeros and
-            // costs no storage.
-            self.call("a discard", self.volume.trim(offset, len, false))
-        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-            self.call(
-                "a zeroing",
-                self.volume.write_zeroes(offset, len, true, false),
-            )
-        } else if mode == 0 && len == length {
-            // Allocating what exists: nothing to do.
-            Ok(())
-        } else {
-            Err(Errno::EOPNOTSUPP)
-        };
-        match result {
+        let volume = self.volume.clone();
+        let done = move |r: Result<(), Errno>| match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
+        };
+        if mode == punch {
+            // The loop device's discard: the range reads as zeros and
+            // costs no storage.
+            let trim = async move { volume.trim(offset, len, false).await };
+            self.spawn_reply("a discard", trim, done);
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            let zero = async move { volume.write_zeroes(offset, len, true, false).await };
+            self.spawn_reply("a zeroing", zero, done);
+        } else if mode == 0 && len == length {
+            // Allocating what exists: nothing to do.
+            done(Ok(()));
+        } else {
+            done(Err(Errno::EOPNOTSUPP));
         }
     }
 

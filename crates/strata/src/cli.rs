@@ -646,6 +646,15 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub vhost: VhostArgs,
+
+    /// Also attach every served volume as a block device of this host,
+    /// where the kernel has no `nbd` module: the volume as the file
+    /// DIR/VOLUME/disk on a FUSE mount of this server, set up as a loop
+    /// device with direct I/O (needs root, /dev/fuse and loop devices).
+    /// Prints `loop VOLUME /dev/loopN` for each before `ready`; detached
+    /// at shutdown. Volumes opened later by clients get no device.
+    #[arg(long, value_name = "DIR")]
+    pub loop_dir: Option<PathBuf>,
 }
 
 /// vhost-user-blk: VMs attach volumes through shared memory (QEMU's

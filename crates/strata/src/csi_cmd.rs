@@ -18,6 +18,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let endpoint =
         strata_csi::Endpoint::parse(&args.endpoint).map_err(|e| anyhow!("--endpoint: {e}"))?;
+    if args.serve.loop_dir.is_some() {
+        bail!("--loop-dir is for strata serve: the CSI node attaches each volume when kubelet stages it");
+    }
     let node_id = args.node_id.trim();
     if node_id.is_empty() {
         bail!("--node-id is empty: give this node's name as Kubernetes knows it (the pod's spec.nodeName)");

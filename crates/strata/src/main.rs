@@ -4,6 +4,7 @@ mod cli;
 mod control;
 mod csi_cmd;
 mod fsck_cmd;
+mod loop_serve;
 mod metrics;
 mod nbd_volume;
 mod progress;

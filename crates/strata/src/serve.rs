@@ -93,6 +93,10 @@ async fn serve_volumes(
     };
     let vhost =
         crate::vhost_serve::start(exports, &args.vhost, &served.served, vhost_inherited).await?;
+    let loops = match &args.loop_dir {
+        Some(dir) => Some(crate::loop_serve::start(engine, dir, &served.served).await?),
+        None => None,
+    };
     let metrics_task = match &args.metrics_listen {
         Some(addr) => {
             let vhost_metrics = vhost.as_ref().map(|v| v.metrics());
@@ -125,6 +129,9 @@ async fn serve_volumes(
         }
     });
     crate::socket_activation::notify_stopping();
+    if let Some(loops) = loops {
+        loops.shutdown().await;
+    }
     tracing::info!("shutting down: making every volume durable in the store");
     let closed = engine.close_all().await;
     stats_task.abort();

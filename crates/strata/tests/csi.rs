@@ -462,9 +462,376 @@ fn a_volume_goes_through_kubelets_calls_on_s3() {
     runtime().block_on(kubelet_order(Target::strata_s3(&store, &[])));
 }
 
+/// Loop devices whose backing file lies under `dir`.
+fn loop_devices_under(dir: &Path) -> Vec<String> {
+    let out = run_ok(Command::new("losetup").arg("-a"), Duration::from_secs(30));
+    let dir = dir.display().to_string();
+    stdout_str(&out)
+        .lines()
+        .filter(|l| l.contains(&dir))
+        .filter_map(|l| l.split_once(':').map(|(d, _)| d.to_string()))
+        .collect()
+}
+
+/// No mount and, within a few seconds (the kernel frees a loop device
+/// set to autoclear at its last close), no loop device under `dir`.
+fn assert_nothing_attached_under(dir: &Path) {
+    let left = mounts_under(dir);
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    let t0 = std::time::Instant::now();
+    let mut devices = loop_devices_under(dir);
+    while !devices.is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+        devices = loop_devices_under(dir);
+    }
+    assert!(devices.is_empty(), "loop devices left: {devices:?}");
+}
+
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .filter(|m| m.starts_with(&dir))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The node plugin killed with a volume staged and published (a crash, an
+/// upgrade of the DaemonSet): its loop device and FUSE file die with it.
+/// The restarted plugin stages the volume again when kubelet publishes it
+/// to a new pod (kubelet does not stage again), the pod reads what was
+/// synced before the kill, and unpublish + unstage leave no mount and no
+/// loop device of either run.
+async fn node_plugin_restart(server: &mut Server, endpoint: &Path, dir: &Path) {
+    let mut k = Kubelet {
+        controller: ControllerClient::new(channel(endpoint).await),
+        node: NodeClient::new(channel(endpoint).await),
+        dir: dir.to_path_buf(),
+    };
+    let id = k
+        .controller
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-restart".into(),
+            capacity_range: size(FS_VOLUME_BYTES),
+            volume_capabilities: vec![mount_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let mnt = k.stage_and_publish(&id, &mount_cap()).await;
+    let data = pattern(11);
+    std::fs::write(mnt.join("file"), &data).unwrap();
+    run_ok(
+        Command::new("sync").arg("-f").arg(mnt.join("file")),
+        Duration::from_secs(60),
+    );
+    assert_eq!(loop_devices_under(dir).len(), 1);
+    server.crash_restart();
+    let ch = channel(endpoint).await;
+    k.controller = ControllerClient::new(ch.clone());
+    k.node = NodeClient::new(ch);
+    // A new pod on this node: kubelet publishes from the staging path it
+    // staged before the restart.
+    let new_target = dir.join("pods").join("new-pod");
+    k.node
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: k.staging(&id).display().to_string(),
+            target_path: new_target.display().to_string(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        std::fs::read(new_target.join("file")).unwrap() == data,
+        "the new pod reads what was synced before the kill"
+    );
+    // The old pod goes, then the new one, then the volume.
+    k.node
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: new_target.display().to_string(),
+        })
+        .await
+        .unwrap();
+    k.unpublish_and_unstage(&id).await;
+    assert_nothing_attached_under(dir);
+    server.assert_alive();
+}
+
+/// A plugin killed with a volume staged, restarted, then told to unstage
+/// it (the pod went while it was down): the dead mount, device and FUSE
+/// file go.
+async fn unstage_after_a_restart(server: &mut Server, endpoint: &Path, dir: &Path) {
+    let mut k = Kubelet {
+        controller: ControllerClient::new(channel(endpoint).await),
+        node: NodeClient::new(channel(endpoint).await),
+        dir: dir.to_path_buf(),
+    };
+    let id = k
+        .controller
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-unstage".into(),
+            capacity_range: size(FS_VOLUME_BYTES),
+            volume_capabilities: vec![block_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    k.stage_and_publish(&id, &block_cap()).await;
+    server.crash_restart();
+    k.node = NodeClient::new(channel(endpoint).await);
+    k.unpublish_and_unstage(&id).await;
+    assert_nothing_attached_under(dir);
+}
+
+#[test]
+fn a_restarted_node_plugin_lets_go_of_its_dead_devices() {
+    require_tools(&["mkfs.xfs", "losetup", "mount", "blkid", "sync"]);
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let _leftovers = Leftovers(dir.path().to_path_buf());
+    let (mut server, endpoint) = start_driver(dir.path(), Target::strata());
+    let rt = runtime();
+    rt.block_on(node_plugin_restart(&mut server, &endpoint, dir.path()));
+    rt.block_on(unstage_after_a_restart(&mut server, &endpoint, dir.path()));
+    server.stop();
+}
+
+/// A cluster on S3: the controller on one node (A), a pod's volume staged
+/// on another (B). Only B may write the volume's manifest, so A asks B
+/// for the snapshot and the expansion; with B's control socket gone, as
+/// on another machine, through B's host record in the store (B renews,
+/// and finds requests, every second with a 3 s TTL). The clone made from
+/// that snapshot reads what the pod wrote; the device grows online.
+#[test]
+fn a_volume_in_use_on_another_node_is_snapshotted_and_grown_by_that_node() {
+    require_tools(&["losetup", "mount", "blockdev"]);
+    let _s = serial();
+    let store = S3Store::on_shared_minio("csi-two-nodes");
+    let tmp = tempfile::tempdir().unwrap();
+    let _leftovers = Leftovers(tmp.path().to_path_buf());
+    let driver = |name: &str, role: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let endpoint = dir.join("csi.sock");
+        let ep = format!("unix://{}", endpoint.display());
+        let node_id = format!("node-{name}");
+        let server = Server::start_csi(
+            &dir,
+            Target::strata_s3(&store, &[]),
+            &[
+                role,
+                "--endpoint",
+                &ep,
+                "--node-id",
+                &node_id,
+                "--lease-ttl-ms",
+                "3000",
+            ],
+        );
+        (server, endpoint)
+    };
+    let (mut a, a_endpoint) = driver("a", "--controller");
+    let (mut b, b_endpoint) = driver("b", "--node");
+    runtime().block_on(async {
+        let mut k = Kubelet {
+            controller: ControllerClient::new(channel(&a_endpoint).await),
+            node: NodeClient::new(channel(&b_endpoint).await),
+            dir: tmp.path().join("b"),
+        };
+        let create = |name: &str, source: Option<VolumeContentSource>| CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: size(64 * MIB),
+            volume_capabilities: vec![block_cap()],
+            volume_content_source: source,
+            ..Default::default()
+        };
+        k.controller
+            .create_volume(create("pvc-busy", None))
+            .await
+            .unwrap();
+        let device = k.stage_and_publish("pvc-busy", &block_cap()).await;
+        let data = pattern(23);
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&device)
+                .unwrap();
+            f.seek(SeekFrom::Start(8 * MIB)).unwrap();
+            f.write_all(&data).unwrap();
+            f.sync_all().unwrap();
+        }
+        let socket = b.data_dir().join("control.sock");
+        std::fs::remove_file(&socket)
+            .unwrap_or_else(|e| panic!("remove {}: {e}", socket.display()));
+        let snap = k
+            .controller
+            .create_snapshot(CreateSnapshotRequest {
+                source_volume_id: "pvc-busy".into(),
+                name: "while-in-use".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("snapshot of a volume node B holds: {e}"))
+            .into_inner()
+            .snapshot
+            .unwrap();
+        assert!(snap.ready_to_use);
+        let source = VolumeContentSource {
+            r#type: Some(SourceType::Snapshot(SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            })),
+        };
+        k.controller
+            .create_volume(create("pvc-copy", Some(source)))
+            .await
+            .unwrap();
+        let copy = k.stage_and_publish("pvc-copy", &block_cap()).await;
+        let read = {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = std::fs::File::open(&copy).unwrap();
+            f.seek(SeekFrom::Start(8 * MIB)).unwrap();
+            let mut buf = vec![0u8; data.len()];
+            f.read_exact(&mut buf).unwrap();
+            buf
+        };
+        assert!(
+            read == data,
+            "the clone reads what the pod wrote before the snapshot"
+        );
+        let grown = k
+            .controller
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: "pvc-busy".into(),
+                capacity_range: size(128 * MIB),
+                volume_capability: Some(block_cap()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("expansion of a volume node B holds: {e}"))
+            .into_inner();
+        assert_eq!(grown.capacity_bytes, (128 * MIB) as i64);
+        k.node
+            .node_expand_volume(NodeExpandVolumeRequest {
+                volume_id: "pvc-busy".into(),
+                volume_path: device.display().to_string(),
+                capacity_range: size(128 * MIB),
+                staging_target_path: k.staging("pvc-busy").display().to_string(),
+                volume_capability: Some(block_cap()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let out = run_ok(
+            Command::new("blockdev").arg("--getsize64").arg(&device),
+            Duration::from_secs(30),
+        );
+        assert_eq!(
+            stdout_str(&out).trim(),
+            (128 * MIB).to_string(),
+            "the pod's device grew"
+        );
+        k.unpublish_and_unstage("pvc-copy").await;
+        k.unpublish_and_unstage("pvc-busy").await;
+        for v in ["pvc-copy", "pvc-busy"] {
+            k.controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: v.into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("delete {v}: {e}"));
+        }
+    });
+    a.assert_alive();
+    b.assert_alive();
+    let b_log = b.stderr();
+    assert!(
+        b_log.contains("request through the store"),
+        "node B got the requests through the store: {}",
+        tail(&b_log, 30)
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Bad input
 // ---------------------------------------------------------------------------
+
+/// A snapshot asked for while its volume is being deleted (every store
+/// call 300 ms late here, so the delete takes seconds): ABORTED, as the
+/// spec names for an operation pending on the volume; once the delete
+/// ends, NOT_FOUND; and neither leaves the snapshot's name claimed.
+#[test]
+fn a_snapshot_of_a_volume_being_deleted_is_refused_and_claims_nothing() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let _leftovers = Leftovers(dir.path().to_path_buf());
+    let target = Target::strata().with_env("STRATA_FAULTS", "latency_ms=300");
+    let (mut server, endpoint) = start_driver(dir.path(), target);
+    runtime().block_on(async {
+        let ch = channel(&endpoint).await;
+        let mut c = ControllerClient::new(ch.clone());
+        c.create_volume(CreateVolumeRequest {
+            name: "doomed".into(),
+            capacity_range: size(MIB),
+            volume_capabilities: vec![block_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let mut deleter = ControllerClient::new(ch.clone());
+        let delete = tokio::spawn(async move {
+            deleter
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: "doomed".into(),
+                    ..Default::default()
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(!delete.is_finished(), "the delete is still running");
+        let snap = CreateSnapshotRequest {
+            source_volume_id: "doomed".into(),
+            name: "last-words".into(),
+            ..Default::default()
+        };
+        let e = c.create_snapshot(snap.clone()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Aborted, "{e}");
+        assert!(e.message().contains("try again"), "{e}");
+        delete.await.unwrap().unwrap();
+        let e = c.create_snapshot(snap).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+        let listed = c
+            .list_snapshots(ListSnapshotsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(listed.entries.is_empty(), "{listed:?}");
+    });
+    let claims = server.store_dir().join(".csi/snapshot-names");
+    let claimed: Vec<_> = std::fs::read_dir(&claims)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        claimed.is_empty(),
+        "claims left in {}: {claimed:?}",
+        claims.display()
+    );
+    server.assert_alive();
+}
 
 #[test]
 fn bad_input_gets_the_specs_code_and_leaves_nothing_made() {

@@ -176,6 +176,10 @@ impl Engine {
                         .map(|_| ()),
                     RequestKind::Standby => self.standby_request(&r.volume, &r.by, true).await,
                     RequestKind::StandbyGone => self.standby_request(&r.volume, &r.by, false).await,
+                    RequestKind::Snapshot | RequestKind::Resize => self.answer_holder_op(&r).await,
+                    RequestKind::Unknown => Err(VolumeError::Invalid(
+                        "a request of a kind this release does not know (from a newer strata): skipped".into(),
+                    )),
                 };
                 if let Err(e) = done {
                     tracing::warn!(volume = %r.volume, by = %r.by, kind = ?r.kind, error = %e, "request through the store failed");

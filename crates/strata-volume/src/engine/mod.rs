@@ -10,6 +10,7 @@ pub(crate) mod diffs;
 mod fsck;
 pub(crate) mod handover;
 mod handover_outcome;
+mod holder_ops;
 pub(crate) mod images;
 mod snapshots;
 pub(crate) mod standby;

@@ -26,7 +26,13 @@
 //!                   renewal: {volume, by, at_unix_ms, kind}, kind
 //!                   "handover" (let go of it; the default when absent),
 //!                   "standby" (a host stands by to take it: upload on
-//!                   FLUSH) or "standby_gone"; a handover may name `to`,
+//!                   FLUSH), "standby_gone", "snapshot" (take snapshot
+//!                   `snapshot` of it: a string, checked by the holder as
+//!                   any snapshot name) or "resize" (grow it to
+//!                   `size_bytes`: a number, checked as any size); a kind
+//!                   a holder does not know is skipped (logged), so newer
+//!                   askers do not break older holders' records from
+//!                   this version on; a handover may name `to`,
 //!                   the successor to write the lease over to:
 //!                   {holder, pid, host_id, incarnation, token,
 //!                   until_unix_ms (optional: no transfer begins after
@@ -69,6 +75,14 @@ pub enum RequestKind {
     Standby,
     /// The asker no longer stands by.
     StandbyGone,
+    /// Take a snapshot of it (`HandoverRequest::snapshot` names it): a
+    /// controller on another host snapshots a volume in use here.
+    Snapshot,
+    /// Grow it (`HandoverRequest::size_bytes`).
+    Resize,
+    /// A kind of a newer version: skipped.
+    #[serde(other)]
+    Unknown,
 }
 
 impl RequestKind {
@@ -134,6 +148,12 @@ pub struct HandoverRequest {
     /// A handover's successor: write the lease over to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Successor>,
+    /// A snapshot request's snapshot name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// A resize request's new size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +230,26 @@ mod tests {
                     at_unix_ms: 5,
                     kind: RequestKind::Standby,
                     to: None,
+                    snapshot: None,
+                    size_bytes: None,
+                },
+                HandoverRequest {
+                    volume: "v".into(),
+                    by: "controller".into(),
+                    at_unix_ms: 7,
+                    kind: RequestKind::Snapshot,
+                    to: None,
+                    snapshot: Some("daily".into()),
+                    size_bytes: None,
+                },
+                HandoverRequest {
+                    volume: "v".into(),
+                    by: "controller".into(),
+                    at_unix_ms: 8,
+                    kind: RequestKind::Resize,
+                    to: None,
+                    snapshot: None,
+                    size_bytes: Some(1 << 30),
                 },
                 HandoverRequest {
                     volume: "v".into(),
@@ -224,6 +264,8 @@ mod tests {
                         token: "tok".into(),
                         until_unix_ms: Some(9),
                     }),
+                    snapshot: None,
+                    size_bytes: None,
                 },
             ],
         }
@@ -250,5 +292,15 @@ mod tests {
         };
         let err = HostRecord::decode(&many.encode()).unwrap_err();
         assert!(err.contains("handover requests"), "{err}");
+    }
+
+    #[test]
+    fn a_kind_this_version_does_not_know_is_read_as_unknown() {
+        let body =
+            br#"{"id":"0123456789abcdef0123456789abcdef","holder":"h","hostname":"h","pid":1,
+            "incarnation":"i","renewed_unix_ms":1,"ttl_ms":30000,"state":"alive",
+            "handover_requests":[{"volume":"v","by":"b","at_unix_ms":2,"kind":"defragment"}]}"#;
+        let r = HostRecord::decode(&envelope::encode(MAGIC, body)).unwrap();
+        assert_eq!(r.handover_requests[0].kind, RequestKind::Unknown);
     }
 }

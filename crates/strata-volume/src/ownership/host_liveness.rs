@@ -169,6 +169,27 @@ pub(crate) async fn send_request_through_store(
     kind: RequestKind,
     to: Option<&Successor>,
 ) -> Result<Option<u64>, VolumeError> {
+    let request = HandoverRequest {
+        volume: volume.to_string(),
+        by: by.to_string(),
+        at_unix_ms: 0,
+        kind,
+        to: to.cloned(),
+        snapshot: None,
+        size_bytes: None,
+    };
+    push_request(store, id, request).await
+}
+
+/// Adds `request` (its `at_unix_ms` set now) to host `id`'s record,
+/// replacing an earlier one of the same kind, volume, asker and snapshot.
+/// `Ok(None)`: the host is not alive; `Ok(Some(at_unix_ms))`: the stamp.
+pub(crate) async fn push_request(
+    store: &Store,
+    id: &str,
+    request: HandoverRequest,
+) -> Result<Option<u64>, VolumeError> {
+    let volume = request.volume.as_str();
     let path = ObjectNames::host_record(id);
     for _ in 0..MAX_CONFLICT_RETRIES * 4 {
         let Some((mut record, version)) = read_host_record(store, id).await? else {
@@ -179,7 +200,10 @@ pub(crate) async fn send_request_through_store(
         }
         let now = now_ms();
         record.handover_requests.retain(|r| {
-            let same = r.volume == volume && r.kind == kind && r.by == by;
+            let same = r.volume == request.volume
+                && r.kind == request.kind
+                && r.by == request.by
+                && r.snapshot == request.snapshot;
             !same && now.saturating_sub(r.at_unix_ms) < HANDOVER_REQUEST_MAX_AGE_MS
         });
         if record.handover_requests.len() >= crate::format::host_record::MAX_HANDOVER_REQUESTS {
@@ -190,11 +214,8 @@ pub(crate) async fn send_request_through_store(
             )));
         }
         record.handover_requests.push(HandoverRequest {
-            volume: volume.to_string(),
-            by: by.to_string(),
             at_unix_ms: now,
-            kind,
-            to: to.cloned(),
+            ..request.clone()
         });
         match store
             .put_if(&path, PutPayload::from(record.encode()), Some(&version))

@@ -58,7 +58,7 @@ mod request_watch;
 mod right_to_write;
 mod take_ownership;
 
-pub(crate) use host_liveness::{read_host_record, send_request_through_store};
+pub(crate) use host_liveness::{push_request, read_host_record, send_request_through_store};
 pub use host_liveness::{request_handover_through_store, HostLiveness, HostStats};
 pub(crate) use lease::RenewError;
 pub use lease::{live_holder, read_lease, standing, Standing};
