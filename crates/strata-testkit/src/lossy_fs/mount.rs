@@ -31,6 +31,9 @@ const SESSION_THREADS: usize = 4;
 /// How long an unmount waits for the session threads after the kernel let
 /// go (they end within milliseconds).
 const SESSION_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Unmount attempts while the mount is busy, and the pause between them.
+const BUSY_RETRIES: u32 = 50;
+const BUSY_RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// A mounted [`LossyFs`](super::LossyFs). Unmounts when dropped (lazily if
 /// busy); prefer [`LossyMount::unmount`], which reports failures.
@@ -103,16 +106,26 @@ impl LossyMount {
     }
 
     /// Unmounts: waits until the kernel has let go. Fails (then unmounts
-    /// lazily, as a drop would) if files are still open under it.
+    /// lazily, as a drop would) if files are still open under it after
+    /// `BUSY_RETRIES` tries: a process another thread is spawning holds a
+    /// copy of every descriptor between its fork and its exec, so a file
+    /// closed here can keep the mount busy for a moment (a CI flake).
     pub fn unmount(mut self) -> io::Result<()> {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
-        match umount(&self.mountpoint, false) {
-            Ok(()) => wait_for(session),
-            Err(e) => {
-                self.session = Some(session);
-                Err(e)
+        let mut tries = 0;
+        loop {
+            match umount(&self.mountpoint, false) {
+                Ok(()) => return wait_for(session),
+                Err(e) if e.kind() == io::ErrorKind::ResourceBusy && tries < BUSY_RETRIES => {
+                    tries += 1;
+                    std::thread::sleep(BUSY_RETRY_PAUSE);
+                }
+                Err(e) => {
+                    self.session = Some(session);
+                    return Err(e);
+                }
             }
         }
     }
