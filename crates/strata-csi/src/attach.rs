@@ -119,7 +119,7 @@ impl Attached {
     /// go of it asynchronously: a few tries while it is busy; after the
     /// last, it is detached lazily).
     pub async fn detach(mut self) -> Result<(), String> {
-        run("losetup", &["-d", &self.device.to_string_lossy()]).await?;
+        detach_device(&self.device).await?;
         let Some(mut file) = self.file.take() else {
             return Ok(());
         };

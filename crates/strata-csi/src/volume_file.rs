@@ -197,16 +197,18 @@ impl VolumeFs {
     /// the loop device's requests reach the engine side by side (as many
     /// as the kernel keeps in flight), not one per session thread. An
     /// error is logged; the kernel hears EIO (EINVAL out of range).
-    fn spawn_reply<T, F, R>(&self, what: &'static str, fut: F, reply: R)
+    fn spawn_reply<T, F, Fut, R>(&self, what: &'static str, op: F, reply: R)
     where
         T: Send + 'static,
-        F: std::future::Future<Output = Result<T, VolumeError>> + Send + 'static,
+        F: FnOnce(Arc<Volume>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, VolumeError>> + Send + 'static,
         R: FnOnce(Result<T, Errno>) + Send + 'static,
     {
-        let name = self.volume.name().to_string();
+        let fut = op(self.volume.clone());
+        let volume = self.volume.clone();
         self.runtime.spawn(async move {
             let result = fut.await.map_err(|e| {
-                tracing::warn!(volume = %name, error = %strata_store::ErrorText(&e), "{what} through the volume file failed");
+                tracing::warn!(volume = %volume.name(), error = %strata_store::ErrorText(&e), "{what} through the volume file failed");
                 match e {
                     VolumeError::OutOfRange { .. } => Errno::EINVAL,
                     _ => Errno::EIO,
@@ -270,8 +272,7 @@ impl Filesystem for VolumeFs {
         reply: ReplyData,
     ) {
         let len = self.clamp(offset, u64::from(size));
-        let volume = self.volume.clone();
-        let read = async move {
+        let read = move |volume: Arc<Volume>| async move {
             let mut buf = vec![0u8; len as usize];
             if len > 0 {
                 volume.read(offset, &mut buf).await?;
@@ -306,8 +307,8 @@ impl Filesystem for VolumeFs {
         // Copied: the session's buffer is its next request's.
         let data = data.to_vec();
         let written = data.len() as u32;
-        let volume = self.volume.clone();
-        let write = async move { volume.write(offset, &data, false).await };
+        let write =
+            move |volume: Arc<Volume>| async move { volume.write(offset, &data, false).await };
         self.spawn_reply("a write", write, move |r| match r {
             Ok(()) => reply.written(written),
             Err(e) => reply.error(e),
@@ -333,8 +334,7 @@ impl Filesystem for VolumeFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let volume = self.volume.clone();
-        let flush = async move { volume.flush().await };
+        let flush = |volume: Arc<Volume>| async move { volume.flush().await };
         self.spawn_reply("an fsync", flush, move |r| match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -356,7 +356,6 @@ impl Filesystem for VolumeFs {
         }
         let len = self.clamp(offset, length);
         let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let volume = self.volume.clone();
         let done = move |r: Result<(), Errno>| match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -364,10 +363,13 @@ impl Filesystem for VolumeFs {
         if mode == punch {
             // The loop device's discard: the range reads as zeros and
             // costs no storage.
-            let trim = async move { volume.trim(offset, len, false).await };
+            let trim =
+                move |volume: Arc<Volume>| async move { volume.trim(offset, len, false).await };
             self.spawn_reply("a discard", trim, done);
         } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-            let zero = async move { volume.write_zeroes(offset, len, true, false).await };
+            let zero = move |volume: Arc<Volume>| async move {
+                volume.write_zeroes(offset, len, true, false).await
+            };
             self.spawn_reply("a zeroing", zero, done);
         } else if mode == 0 && len == length {
             // Allocating what exists: nothing to do.

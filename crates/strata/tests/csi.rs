@@ -209,6 +209,33 @@ struct Kubelet {
 }
 
 impl Kubelet {
+    /// The controller's and the node's clients on one driver's endpoint.
+    async fn connect(endpoint: &Path, dir: &Path) -> Kubelet {
+        let ch = channel(endpoint).await;
+        Kubelet {
+            controller: ControllerClient::new(ch.clone()),
+            node: NodeClient::new(ch),
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The provisioner's CreateVolume; the new volume's id.
+    async fn create(&mut self, name: &str, bytes: u64, cap: &VolumeCapability) -> String {
+        self.controller
+            .create_volume(CreateVolumeRequest {
+                name: name.into(),
+                capacity_range: size(bytes),
+                volume_capabilities: vec![cap.clone()],
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("create {name}: {e}"))
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id
+    }
+
     fn staging(&self, volume: &str) -> PathBuf {
         self.dir.join("staging").join(volume)
     }
@@ -289,12 +316,7 @@ async fn kubelet_order(target: Target) {
     let dir = tempfile::tempdir().unwrap();
     let _leftovers = Leftovers(dir.path().to_path_buf());
     let (mut server, endpoint) = start_driver(dir.path(), target);
-    let ch = channel(&endpoint).await;
-    let mut k = Kubelet {
-        controller: ControllerClient::new(ch.clone()),
-        node: NodeClient::new(ch),
-        dir: dir.path().to_path_buf(),
-    };
+    let mut k = Kubelet::connect(&endpoint, dir.path()).await;
     // The provisioner: a 320 MiB xfs volume, then kubelet stages and
     // publishes it and the pod writes a file.
     let params = HashMap::from([("compression".to_string(), "lz4".to_string())]);
@@ -505,25 +527,8 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 /// synced before the kill, and unpublish + unstage leave no mount and no
 /// loop device of either run.
 async fn node_plugin_restart(server: &mut Server, endpoint: &Path, dir: &Path) {
-    let mut k = Kubelet {
-        controller: ControllerClient::new(channel(endpoint).await),
-        node: NodeClient::new(channel(endpoint).await),
-        dir: dir.to_path_buf(),
-    };
-    let id = k
-        .controller
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-restart".into(),
-            capacity_range: size(FS_VOLUME_BYTES),
-            volume_capabilities: vec![mount_cap()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let mut k = Kubelet::connect(endpoint, dir).await;
+    let id = k.create("pvc-restart", FS_VOLUME_BYTES, &mount_cap()).await;
     let mnt = k.stage_and_publish(&id, &mount_cap()).await;
     let data = pattern(11);
     std::fs::write(mnt.join("file"), &data).unwrap();
@@ -533,9 +538,7 @@ async fn node_plugin_restart(server: &mut Server, endpoint: &Path, dir: &Path) {
     );
     assert_eq!(loop_devices_under(dir).len(), 1);
     server.crash_restart();
-    let ch = channel(endpoint).await;
-    k.controller = ControllerClient::new(ch.clone());
-    k.node = NodeClient::new(ch);
+    k = Kubelet::connect(endpoint, dir).await;
     // A new pod on this node: kubelet publishes from the staging path it
     // staged before the restart.
     let new_target = dir.join("pods").join("new-pod");
@@ -570,28 +573,11 @@ async fn node_plugin_restart(server: &mut Server, endpoint: &Path, dir: &Path) {
 /// it (the pod went while it was down): the dead mount, device and FUSE
 /// file go.
 async fn unstage_after_a_restart(server: &mut Server, endpoint: &Path, dir: &Path) {
-    let mut k = Kubelet {
-        controller: ControllerClient::new(channel(endpoint).await),
-        node: NodeClient::new(channel(endpoint).await),
-        dir: dir.to_path_buf(),
-    };
-    let id = k
-        .controller
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-unstage".into(),
-            capacity_range: size(FS_VOLUME_BYTES),
-            volume_capabilities: vec![block_cap()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let mut k = Kubelet::connect(endpoint, dir).await;
+    let id = k.create("pvc-unstage", FS_VOLUME_BYTES, &block_cap()).await;
     k.stage_and_publish(&id, &block_cap()).await;
     server.crash_restart();
-    k.node = NodeClient::new(channel(endpoint).await);
+    k = Kubelet::connect(endpoint, dir).await;
     k.unpublish_and_unstage(&id).await;
     assert_nothing_attached_under(dir);
 }
